@@ -1,0 +1,35 @@
+# Two entry points on a fresh clone (both idempotent): `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_VERSION ?= 2.13.0
+
+.PHONY: install demo test test-slow lint bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch first, pinned, so no multi-GB CUDA build is pulled on a CPU machine.
+$(VENV)/.installed: $(PY) pyproject.toml
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(VENV)/bin/vla-rl demo
+
+test: install
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q
+
+test-slow: install
+	$(PY) -m pytest -q -m slow
+
+bench: install
+	$(PY) benchmarks/bench_sampling.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache
