@@ -40,10 +40,10 @@ if [ "${SKIP_APT:-0}" != "1" ]; then
         # apt-get update only when the package lists don't know the packages yet
         if ! apt-cache show "${need[@]}" >/dev/null 2>&1; then
             log "apt-get update"
-            $SUDO apt-get update -q
+            $SUDO apt-get update -q -o DPkg::Lock::Timeout=600
         fi
         log "apt-get install ${need[*]}"
-        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${need[@]}"
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q -o DPkg::Lock::Timeout=600 "${need[@]}"
     else
         log "apt packages already installed"
     fi

@@ -1,0 +1,158 @@
+"""Transformer building blocks in the style of π0's Gemma backbone and action expert.
+
+RMSNorm with a (1 + weight) scale (Gemma's parametrisation, so Gemma weights map one to one), an
+adaptive RMSNorm variant (π0.5's time conditioning), rotary positions, grouped-query attention
+(π0's expert uses one KV head), a gated-GELU MLP, and a small pre-norm ViT block for images.
+
+Glossary: N batch, L tokens, D head size, W stream width.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class RMSNorm(nn.Module):
+    """y = x / rms(x) * (1 + w); w starts at 0. Computed in float32 for stability."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class AdaRMSNorm(nn.Module):
+    """π0.5's adaptive RMSNorm: scale, shift and a residual gate predicted from a conditioning vector.
+
+    The modulation is zero-initialised, so at init the norm is a plain RMS normalisation and the gate is
+    0 (each residual branch starts as identity, as in adaLN-Zero).
+    """
+
+    def __init__(self, dim: int, cond_dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.modulation = nn.Linear(cond_dim, 3 * dim)
+        nn.init.zeros_(self.modulation.weight)
+        nn.init.zeros_(self.modulation.bias)
+        self.eps = eps
+
+    def forward(self, x: Tensor, cond: Tensor) -> tuple[Tensor, Tensor]:
+        """``x`` ``[N, L, W]``, ``cond`` ``[N, C]`` -> (normalised x, gate ``[N, 1, W]``)."""
+        scale, shift, gate = self.modulation(cond)[:, None, :].chunk(3, dim=-1)
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * (1.0 + scale.float()) + shift.float()).to(x.dtype), gate
+
+
+def rotary(x: Tensor, positions: Tensor, base: float) -> Tensor:
+    """Rotate ``x`` ``[N, heads, L, D]`` by ``positions`` ``[N, L]`` (rotate-half convention)."""
+    d = x.shape[-1]
+    inv_freq = base ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)  # [D/2]
+    angles = positions.float()[:, None, :, None] * inv_freq                                # [N,1,L,D/2]
+    cos, sin = angles.cos(), angles.sin()
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """Grouped-query attention. ``q`` ``[N, Hq, Lq, D]``, ``k``/``v`` ``[N, Hkv, Lk, D]``,
+    ``mask`` ``[N, 1, Lq, Lk]`` bool (True = may attend). Returns ``[N, Hq, Lq, D]``."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+
+
+class GatedMLP(nn.Module):
+    """Gemma's gated-GELU MLP: down(gelu_tanh(gate(x)) * up(x))."""
+
+    def __init__(self, width: int, hidden: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(width, hidden, bias=False)
+        self.up_proj = nn.Linear(width, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, width, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+
+
+class StreamLayer(nn.Module):
+    """One layer of one stream (prefix backbone or action expert).
+
+    The attention itself is joint across streams, so the layer is split in two halves: :meth:`project`
+    (norm + q/k/v with rotary positions) and :meth:`finish` (output projection, residual, MLP). Whoever
+    owns both streams concatenates their keys/values in between.
+    """
+
+    def __init__(self, width: int, mlp_dim: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 rope_base: float, cond_dim: int | None = None):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim, self.rope_base = (
+            num_heads, num_kv_heads, head_dim, rope_base)
+        self.adaptive = cond_dim is not None
+        norm = (lambda: AdaRMSNorm(width, cond_dim)) if self.adaptive else (lambda: RMSNorm(width))
+        self.input_norm, self.post_attention_norm = norm(), norm()
+        self.q_proj = nn.Linear(width, num_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(width, num_kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(width, num_kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(num_heads * head_dim, width, bias=False)
+        self.mlp = GatedMLP(width, mlp_dim)
+
+    def _norm(self, norm: nn.Module, x: Tensor, cond: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        return norm(x, cond) if self.adaptive else (norm(x), None)
+
+    def project(self, h: Tensor, positions: Tensor, cond: Tensor | None = None):
+        """``h`` ``[N, L, W]`` -> q ``[N, Hq, L, D]``, k, v ``[N, Hkv, L, D]``, attention gate."""
+        n, length, _ = h.shape
+        x, gate = self._norm(self.input_norm, h, cond)
+        q = self.q_proj(x).view(n, length, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(n, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(n, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        return rotary(q, positions, self.rope_base), rotary(k, positions, self.rope_base), v, gate
+
+    def finish(self, h: Tensor, attn: Tensor, attn_gate: Tensor | None, cond: Tensor | None = None) -> Tensor:
+        """Residual update of ``h`` given this stream's attention output ``attn`` ``[N, Hq, L, D]``."""
+        n, _, length, _ = attn.shape
+        out = self.o_proj(attn.transpose(1, 2).reshape(n, length, -1))
+        h = h + (out if attn_gate is None else out * attn_gate)
+        x, mlp_gate = self._norm(self.post_attention_norm, h, cond)
+        out = self.mlp(x)
+        return h + (out if mlp_gate is None else out * mlp_gate)
+
+
+class ViTBlock(nn.Module):
+    """Pre-LayerNorm ViT block with full attention and a GELU MLP (SigLIP-like)."""
+
+    def __init__(self, width: int, num_heads: int, mlp_dim: int):
+        super().__init__()
+        self.num_heads = num_heads
+        self.norm1, self.norm2 = nn.LayerNorm(width, eps=1e-6), nn.LayerNorm(width, eps=1e-6)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.fc1, self.fc2 = nn.Linear(width, mlp_dim), nn.Linear(mlp_dim, width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        n, length, w = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(n, length, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, length, w)
+        x = x + self.proj(a)
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x)), approximate="tanh"))
+
+
+def sincos_time_embedding(t: Tensor, dim: int, min_period: float = 4e-3, max_period: float = 4.0) -> Tensor:
+    """π0's sine-cosine embedding of flow time ``t`` ``[N]`` in [0, 1] -> ``[N, dim]``.
+
+    Periods are spaced geometrically between ``min_period`` and ``max_period`` so that the whole unit
+    interval is resolved (the usual 10000-base embedding is built for integer positions).
+    """
+    if dim % 2:
+        raise ValueError(f"time embedding dim must be even, got {dim}")
+    fraction = torch.linspace(0.0, 1.0, dim // 2, device=t.device, dtype=torch.float32)
+    period = min_period * (max_period / min_period) ** fraction
+    angle = t.float()[:, None] * (2.0 * math.pi / period)[None, :]
+    return torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1)

@@ -1,0 +1,220 @@
+"""The flow policy: cache equivalence, attention structure, heads, presets, input errors."""
+
+import math
+
+import pytest
+import torch
+
+from vla_rl.config import ConfigError
+from vla_rl.policies import flow
+from vla_rl.policies.config import PolicyConfig, policy_preset
+from vla_rl.policies.model import FlowPolicy, count_parameters
+
+PRESETS = ["tiny", "tiny_pi05"]
+
+
+def make_obs(cfg: PolicyConfig, n: int, seed: int = 0, size: int | None = None) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    size = size or cfg.vision.image_size
+    words = ["pick up the red cube", "push the blue block to the left", "open the drawer", "go"]
+    return {
+        "images": torch.randint(0, 256, (n, cfg.num_cameras, size, size, 3), dtype=torch.uint8, generator=g),
+        "state": torch.randn(n, cfg.state_dim, generator=g) * 0.5,
+        "instruction": [words[i % len(words)] for i in range(n)],
+    }
+
+
+def randomized(name: str) -> FlowPolicy:
+    """A policy with every parameter perturbed, so zero-initialised parts (adaRMS gates) are exercised."""
+    torch.manual_seed(0)
+    model = FlowPolicy(policy_preset(name))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model.eval()
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_cached_prefix_equals_uncached_joint_pass(name):
+    model = randomized(name)
+    cfg = model.cfg
+    obs = make_obs(cfg, 5)
+    x_t = torch.randn(5, cfg.action_horizon, cfg.action_dim)
+    t = torch.rand(5)
+    with torch.no_grad():
+        prefix = model.encode_prefix(obs)
+        cached = model.expert(prefix, x_t, t)
+        prefix_hidden, joint = model.forward_joint(obs, x_t, t)
+    for a, b in [(cached.velocity, joint.velocity), (cached.noise_std, joint.noise_std),
+                 (cached.value, joint.value), (prefix.hidden, prefix_hidden)]:
+        assert (a - b).abs().max().item() <= 1e-5
+    assert cached.velocity.abs().mean() > 1e-3  # not trivially zero
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_cached_sampler_equals_uncached_sampler(name):
+    model = randomized(name)
+    cfg = model.cfg
+    obs = make_obs(cfg, 3)
+    noise = torch.randn(3, cfg.action_horizon, cfg.action_dim)
+    with torch.no_grad():
+        prefix = model.encode_prefix(obs)
+        cached = flow.sample(model.field(prefix), noise, num_steps=5, method="ode")
+
+        def uncached(x, t):
+            out = model.forward_joint(obs, x, t)[1]
+            return out.velocity, out.noise_std
+
+        full = flow.sample(uncached, noise, num_steps=5, method="ode")
+    assert (cached.actions - full.actions).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_action_tokens_never_change_prefix_outputs(name):
+    model = randomized(name)
+    cfg = model.cfg
+    obs = make_obs(cfg, 2)
+    with torch.no_grad():
+        h1, out1 = model.forward_joint(obs, torch.randn(2, cfg.action_horizon, cfg.action_dim), torch.rand(2))
+        h2, out2 = model.forward_joint(obs, torch.randn(2, cfg.action_horizon, cfg.action_dim), torch.rand(2))
+    assert torch.equal(h1, h2)
+    assert not torch.allclose(out1.velocity, out2.velocity)
+
+
+def test_padding_tokens_do_not_leak_into_outputs():
+    model = randomized("tiny")
+    cfg = model.cfg
+    obs = make_obs(cfg, 1)
+    prepared = model.prepare(obs)
+    garbage = prepared["tokens"].clone()
+    garbage[~prepared["token_mask"]] = 7  # change only padded positions
+    x_t, t = torch.randn(1, cfg.action_horizon, cfg.action_dim), torch.rand(1)
+    with torch.no_grad():
+        a = model.expert(model.encode_prefix(prepared), x_t, t).velocity
+        b = model.expert(model.encode_prefix({**prepared, "tokens": garbage}), x_t, t).velocity
+    torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+def test_instruction_changes_the_velocity():
+    model = randomized("tiny")
+    cfg = model.cfg
+    obs = make_obs(cfg, 1)
+    x_t, t = torch.randn(1, cfg.action_horizon, cfg.action_dim), torch.rand(1)
+    with torch.no_grad():
+        a = model.velocity(model.encode_prefix(obs), x_t, t)
+        b = model.velocity(model.encode_prefix({**obs, "instruction": ["something else"]}), x_t, t)
+    assert not torch.allclose(a, b)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_noise_std_is_bounded(name):
+    model = randomized(name)
+    cfg = model.cfg
+    with torch.no_grad():
+        model.noise_head.weight.mul_(100.0)  # push tanh into saturation on both sides
+        prefix = model.encode_prefix(make_obs(cfg, 8))
+        std = model.noise_std(prefix, torch.randn(8, cfg.action_horizon, cfg.action_dim) * 5, torch.rand(8))
+    assert std.min() >= cfg.noise_std_min - 1e-6 and std.max() <= cfg.noise_std_max + 1e-6
+    assert std.max() - std.min() > 0.5 * (cfg.noise_std_max - cfg.noise_std_min)
+
+
+@pytest.mark.parametrize("source", ["expert", "prefix"])
+def test_value_head_source_and_stop_gradient(source):
+    for detach in (False, True):
+        torch.manual_seed(0)
+        model = FlowPolicy(policy_preset("tiny", {"value_source": source, "value_detach": detach}))
+        cfg = model.cfg
+        prefix = model.encode_prefix(make_obs(cfg, 2))
+        value = model.value(prefix, torch.randn(2, cfg.action_horizon, cfg.action_dim), torch.rand(2))
+        assert value.shape == (2,)
+        value.sum().backward()
+        backbone_grad = model.prefix_layers[0].q_proj.weight.grad
+        head_grad = model.value_head[0].weight.grad
+        assert head_grad is not None and head_grad.abs().sum() > 0
+        if detach:
+            assert backbone_grad is None or backbone_grad.abs().sum() == 0
+        else:
+            assert backbone_grad is not None and backbone_grad.abs().sum() > 0
+
+
+def test_model_flow_log_prob_recompute_is_ratio_one():
+    model = randomized("tiny")
+    cfg = model.cfg
+    obs = make_obs(cfg, 6)
+    with torch.no_grad():
+        prefix = model.encode_prefix(obs)
+        for method, mode in [("sde", "mixed"), ("sde", "all"), ("noise", "all")]:
+            out = flow.sample(model.field(prefix), torch.randn(6, cfg.action_horizon, cfg.action_dim),
+                              num_steps=4, method=method, sde_mode=mode)
+            re = flow.chain_log_prob(model.field(prefix), out.chain, out.stochastic, method=method)
+            old = flow.aggregate(out.log_probs, out.stochastic)
+            new = flow.aggregate(re.log_probs, out.stochastic)
+            torch.testing.assert_close(torch.exp(new - old), torch.ones(6), atol=1e-5, rtol=0)
+
+
+def test_images_of_other_size_are_resized():
+    model = randomized("tiny")
+    obs = make_obs(model.cfg, 2, size=48)
+    with torch.no_grad():
+        assert model.encode_prefix(obs).hidden.shape[0] == 2
+
+
+def test_real_pi0_dimensions_build_on_meta_device():
+    for name, lo, hi in [("pi0", 3.0e9, 3.6e9), ("pi05", 3.0e9, 3.6e9)]:
+        with torch.device("meta"):
+            model = FlowPolicy(policy_preset(name))
+        n = count_parameters(model)
+        assert lo < n < hi, (name, n)
+        cfg = model.cfg
+        assert model.prefix_layers[0].k_proj.weight.shape == (256, 2048)  # one KV head of 256
+        assert model.expert_layers[0].q_proj.weight.shape == (8 * 256, 1024)
+        assert len(model.prefix_layers) == len(model.expert_layers) == 18
+        # A meta forward pass checks every shape without allocating memory.
+        obs = {
+            "images": torch.zeros(1, 3, 224, 224, 3, dtype=torch.uint8, device="meta"),
+            "state": torch.zeros(1, 32, device="meta"),
+            "tokens": torch.zeros(1, cfg.max_text_tokens, dtype=torch.long, device="meta"),
+            "token_mask": torch.ones(1, cfg.max_text_tokens, dtype=torch.bool, device="meta"),
+        }
+        prefix = model.encode_prefix(obs)
+        out = model.expert(prefix, torch.zeros(1, 50, 32, device="meta"), torch.zeros(1, device="meta"))
+        assert out.velocity.shape == (1, 50, 32)
+        assert prefix.keys[0].shape == (1, 1, cfg.num_prefix_tokens, 256)
+        assert math.isclose(cfg.num_prefix_tokens, 3 * 256 + cfg.max_text_tokens +
+                            (1 if cfg.state_input == "token" else 32))
+
+
+def test_bad_observations_get_clear_errors():
+    model = randomized("tiny")
+    cfg = model.cfg
+    obs = make_obs(cfg, 2)
+    with pytest.raises(TypeError, match="uint8"):
+        model.encode_prefix({**obs, "images": obs["images"].float()})
+    with pytest.raises(ValueError, match="images must have shape"):
+        model.encode_prefix({**obs, "images": obs["images"][:, :, :, :, :1]})
+    with pytest.raises(ValueError, match="state must have shape"):
+        model.encode_prefix({**obs, "state": torch.zeros(2, 3)})
+    with pytest.raises(ValueError, match="NaN"):
+        model.encode_prefix({**obs, "state": torch.full((2, cfg.state_dim), float("nan"))})
+    with pytest.raises(ValueError, match="instructions"):
+        model.encode_prefix({**obs, "instruction": ["only one"]})
+    with pytest.raises(KeyError, match="state"):
+        model.encode_prefix({"images": obs["images"], "instruction": obs["instruction"]})
+    prefix = model.encode_prefix(obs)
+    with pytest.raises(ValueError, match="x_t must have shape"):
+        model.expert(prefix, torch.zeros(2, 3, 4), torch.zeros(2))
+    with pytest.raises(ValueError, match="batch"):
+        model.expert(prefix, torch.zeros(3, cfg.action_horizon, cfg.action_dim), torch.zeros(3))
+
+
+def test_unknown_or_mistyped_config_keys_are_errors():
+    with pytest.raises(ConfigError, match="unknown config key.*expert.widht"):
+        policy_preset("tiny", {"expert": {"widht": 3}})
+    with pytest.raises(ConfigError, match="depth: expected an integer"):
+        policy_preset("tiny", {"depth": "three"})
+    with pytest.raises(ConfigError, match="time_conditioning"):
+        policy_preset("tiny", {"time_conditioning": "film"})
+    with pytest.raises(ConfigError, match="unknown model preset"):
+        policy_preset("nope")
+    with pytest.raises(ValueError, match="num_heads must be a multiple"):
+        policy_preset("tiny", {"num_kv_heads": 3})
