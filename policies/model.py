@@ -148,7 +148,8 @@ class FlowPolicy(nn.Module):
         else:
             raise KeyError("observation needs 'instruction' (list of str) or 'tokens' + 'token_mask'")
         if tokens.shape != (n, cfg.max_text_tokens):
-            raise ValueError(f"tokens must have shape [{n}, {cfg.max_text_tokens}], got {tuple(tokens.shape)}")
+            raise ValueError(f"tokens must have shape [{n}, {cfg.max_text_tokens}], "
+                             f"got {tuple(tokens.shape)}")
         return {"images": images, "state": state, "tokens": tokens, "token_mask": token_mask}
 
     def _embed_images(self, images: Tensor) -> Tensor:
