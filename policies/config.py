@@ -43,8 +43,9 @@ class PolicyConfig:
     num_kv_heads: int = 1
     head_dim: int = 32
     rope_base: float = 10000.0
-    vocab_size: int = 260  # byte-level tokenizer: 256 bytes + specials
-    max_text_tokens: int = 32
+    tokenizer: Literal["words", "bytes"] = "words"
+    vocab_size: int = 1024
+    max_text_tokens: int = 16
     num_cameras: int = 1
     state_dim: int = 8
     action_dim: int = 4
@@ -74,6 +75,8 @@ class PolicyConfig:
             problems.append("vision.width must be a multiple of vision.num_heads")
         if not 0 < self.noise_std_min < self.noise_std_max:
             problems.append("need 0 < noise_std_min < noise_std_max")
+        if self.tokenizer == "bytes" and self.vocab_size < 259:
+            problems.append("the bytes tokenizer needs vocab_size >= 259")
         for name in ("depth", "num_cameras", "state_dim", "action_dim", "action_horizon", "max_text_tokens"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1")

@@ -368,3 +368,53 @@ def aggregate(
     x, weight = _reduce(x, weight, 2, actions)
     x, weight = _reduce(x, weight, 1, steps)
     return x
+
+
+# ----------------------------------------------------------------------------------------------------
+# Flow-matching (SFT) objective
+# ----------------------------------------------------------------------------------------------------
+def sample_flow_time(n: int, *, generator=None, device=None) -> Tensor:
+    """t ~ Beta(1.5, 1) scaled into (0.001, 1], as in π0 (more weight on noisy times).
+
+    Beta(a, 1) has CDF x^a, so u^(1/a) with u uniform samples it exactly (and takes a generator).
+    """
+    u = torch.rand(n, generator=generator, device=device)
+    return u.pow(1.0 / 1.5) * 0.999 + 0.001
+
+
+def flow_matching_loss(
+    field: Field,
+    actions: Tensor,
+    *,
+    action_mask: Tensor | None = None,
+    dim_mask: Tensor | None = None,
+    generator: torch.Generator | None = None,
+    t: Tensor | None = None,
+    noise: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Conditional flow-matching loss for target chunks ``actions`` ``[N, H, A]``.
+
+    x_t = t*eps + (1-t)*a, target velocity eps - a; squared error averaged over the real entries:
+    ``action_mask`` ``[N, H]`` marks real (not padded) chunk positions, ``dim_mask`` ``[A]`` real dims.
+    """
+    _check_chunk("actions", actions)
+    n, h, a = actions.shape
+    if t is None:
+        t = sample_flow_time(n, generator=generator, device=actions.device)
+    if noise is None:
+        noise = torch.randn(actions.shape, generator=generator, device=actions.device)
+    t3 = t[:, None, None]
+    x_t = t3 * noise + (1.0 - t3) * actions
+    v, _ = _eval_field(field, x_t, t, need_std=False)
+    err = (v - (noise - actions)).pow(2)
+    weight = torch.ones_like(err)
+    if action_mask is not None:
+        if action_mask.shape != (n, h):
+            raise ValueError(f"action_mask must have shape {(n, h)}, got {tuple(action_mask.shape)}")
+        weight = weight * action_mask.to(err.dtype)[:, :, None]
+    if dim_mask is not None:
+        if dim_mask.shape != (a,):
+            raise ValueError(f"dim_mask must have shape [{a}], got {tuple(dim_mask.shape)}")
+        weight = weight * dim_mask.to(err.dtype)[None, None, :]
+    loss = (err * weight).sum() / weight.sum().clamp_min(1.0)
+    return loss, {"losses/flow_matching": float(loss.detach())}

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from .config import PolicyConfig
 from .layers import RMSNorm, StreamLayer, ViTBlock, attention, sincos_time_embedding
-from .tokenizer import VOCAB_SIZE, tokenize
+from .tokenizer import tokenize
 
 
 @dataclass
@@ -66,8 +66,6 @@ class ExpertOutput:
 class FlowPolicy(nn.Module):
     def __init__(self, cfg: PolicyConfig):
         super().__init__()
-        if cfg.vocab_size < VOCAB_SIZE:
-            raise ValueError(f"vocab_size must be >= {VOCAB_SIZE} (byte tokenizer), got {cfg.vocab_size}")
         self.cfg = cfg
         v, wp, we = cfg.vision, cfg.prefix.width, cfg.expert.width
         # --- prefix inputs
@@ -144,7 +142,8 @@ class FlowPolicy(nn.Module):
             instr = obs["instruction"]
             if len(instr) != n:
                 raise ValueError(f"got {len(instr)} instructions for {n} observations")
-            tokens, token_mask = tokenize(list(instr), cfg.max_text_tokens, device=images.device)
+            tokens, token_mask = tokenize(list(instr), cfg.max_text_tokens, kind=cfg.tokenizer,
+                                          vocab_size=cfg.vocab_size, device=images.device)
         else:
             raise KeyError("observation needs 'instruction' (list of str) or 'tokens' + 'token_mask'")
         if tokens.shape != (n, cfg.max_text_tokens):

@@ -1,0 +1,114 @@
+"""One batched, chunk-stepping environment interface.
+
+Glossary: N envs, H actions per chunk, A action dims, C cameras, S state dims.
+
+Observations are dicts of tensors on the env's device:
+  ``images`` uint8 ``[N, C, Hi, Wi, 3]``, ``state`` float32 ``[N, S]``,
+  and ``instruction``: a list of N strings (the language instruction of each env).
+
+``step(chunk)`` executes up to H actions per env. An env whose episode ends inside the chunk stops
+there (its remaining actions are ignored and earn 0 reward), its final observation is reported, and it
+is reset in place (partial reset); the others are untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+EPISODE_METRICS = ("success_once", "success_at_end", "return", "length")
+
+
+@dataclass
+class EnvSpec:
+    """What a policy needs to know about an environment."""
+
+    num_envs: int
+    action_dim: int
+    state_dim: int
+    num_cameras: int
+    image_size: int
+    max_episode_steps: int
+    action_low: float = -1.0
+    action_high: float = 1.0
+
+
+@dataclass
+class ChunkStep:
+    """Result of one chunk step.
+
+    obs          observation after the chunk (for ended envs: the first observation of the new episode)
+    rewards      ``[N, H]`` per sub-step rewards (0 after an env ended inside the chunk)
+    terminated   ``[N]`` bool  episode ended by the task (success or failure)
+    truncated    ``[N]`` bool  episode ended by the time limit
+    success      ``[N]`` bool  task solved at the last executed sub-step
+    steps        ``[N]`` long  sub-steps actually executed in this chunk
+    final_obs    observation at the end of the ended episodes (all N rows; meaningful where ``done``)
+    episodes     per-episode metrics of the envs that ended in this chunk: dict of ``[M]`` tensors
+                 (``success_once``, ``success_at_end``, ``return``, ``length``, ``env_index``)
+    """
+
+    obs: dict
+    rewards: Tensor
+    terminated: Tensor
+    truncated: Tensor
+    success: Tensor
+    steps: Tensor
+    final_obs: dict | None
+    episodes: dict[str, Tensor] = field(default_factory=dict)
+
+    @property
+    def done(self) -> Tensor:
+        return self.terminated | self.truncated
+
+
+def check_action_chunk(chunk: Tensor, spec: EnvSpec, *, max_horizon: int | None = None,
+                       device: torch.device | None = None) -> Tensor:
+    """Validate an action chunk ``[N, H, A]``; returns it as float32 on ``device``."""
+    if not isinstance(chunk, Tensor):
+        raise TypeError(f"action chunk must be a torch.Tensor, got {type(chunk).__name__}")
+    if not chunk.is_floating_point():
+        raise TypeError(f"action chunk must be floating point, got {chunk.dtype}")
+    if chunk.dim() != 3 or chunk.shape[0] != spec.num_envs or chunk.shape[2] != spec.action_dim:
+        raise ValueError(f"action chunk must have shape [{spec.num_envs}, H, {spec.action_dim}], "
+                         f"got {tuple(chunk.shape)}")
+    if chunk.shape[1] < 1 or (max_horizon is not None and chunk.shape[1] > max_horizon):
+        raise ValueError(f"action chunk length must be in [1, {max_horizon}], got {chunk.shape[1]}")
+    if not torch.isfinite(chunk).all():
+        raise ValueError("action chunk contains NaN or inf")
+    tol = 1e-4
+    if (chunk < spec.action_low - tol).any() or (chunk > spec.action_high + tol).any():
+        raise ValueError(f"actions out of range [{spec.action_low}, {spec.action_high}]: "
+                         f"min {chunk.min().item():.3f}, max {chunk.max().item():.3f} "
+                         "(clip the policy's output before stepping)")
+    return chunk.to(device=device, dtype=torch.float32)
+
+
+class EpisodeTracker:
+    """Running per-env episode statistics (success_once, return, length), vectorised."""
+
+    def __init__(self, num_envs: int, device):
+        self.ret = torch.zeros(num_envs, device=device)
+        self.length = torch.zeros(num_envs, dtype=torch.long, device=device)
+        self.success_once = torch.zeros(num_envs, dtype=torch.bool, device=device)
+
+    def update(self, reward: Tensor, success: Tensor, active: Tensor) -> None:
+        self.ret += reward * active
+        self.length += active.long()
+        self.success_once |= success & active
+
+    def finish(self, ended: Tensor, success_at_end: Tensor) -> dict[str, Tensor]:
+        idx = ended.nonzero(as_tuple=True)[0]
+        out = {
+            "env_index": idx,
+            "success_once": self.success_once[idx].clone(),
+            "success_at_end": success_at_end[idx].clone(),
+            "return": self.ret[idx].clone(),
+            "length": self.length[idx].clone(),
+        }
+        self.ret[idx] = 0.0
+        self.length[idx] = 0
+        self.success_once[idx] = False
+        return out

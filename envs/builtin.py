@@ -1,0 +1,176 @@
+"""Built-in vectorised task, written in torch: language-conditioned colour reaching ("ColorReach").
+
+A 2-D workspace [-1, 1]^2 holds three coloured squares (red, green, blue), one in each of three
+quadrants, and the agent (a white dot) starts in the fourth. The instruction names one colour; the
+agent must move onto that square. The state holds only the agent's own position and last action, so
+the policy has to find the goal in the camera image and pick it by the instruction.
+
+Why it is a good CI workhorse: thousands of envs step in microseconds on CPU or GPU; a scripted expert
+gives demonstrations; a few-shot SFT policy is clearly imperfect (the goal must be localised to within
+a pixel or so of a 32x32 image, and the right one chosen by language), and RL fixes that quickly.
+
+Glossary: N envs, H actions per chunk, A = 2 action dims (dx, dy in [-1, 1]).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from .base import ChunkStep, EnvSpec, EpisodeTracker, check_action_chunk
+
+COLORS = ("red", "green", "blue")
+RGB = torch.tensor([[220, 40, 40], [40, 190, 60], [50, 90, 235]], dtype=torch.uint8)
+TEMPLATES = ("move to the {} square", "reach the {} target")
+QUADRANTS = torch.tensor([[-0.45, -0.45], [0.45, -0.45], [-0.45, 0.45], [0.45, 0.45]])
+
+
+@dataclass(frozen=True)
+class ColorReachConfig:
+    image_size: int = 32
+    max_episode_steps: int = 32
+    step_size: float = 0.08        # displacement of a full-scale action
+    success_radius: float = 0.07
+    target_half_size: float = 0.09
+    jitter: float = 0.25           # how far objects move around their quadrant centre
+    reward: Literal["dense", "sparse"] = "dense"
+    success_bonus: float = 1.0
+    progress_scale: float = 0.1    # dense reward: this much for a full step of progress
+
+
+class ColorReachEnv:
+    """``num_envs`` ColorReach envs stepping in lockstep on ``device``."""
+
+    def __init__(self, num_envs: int, *, config: ColorReachConfig | None = None, device="cpu", seed: int = 0):
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        self.cfg = config or ColorReachConfig()
+        self.device = torch.device(device)
+        self.spec = EnvSpec(num_envs=num_envs, action_dim=2, state_dim=4, num_cameras=1,
+                            image_size=self.cfg.image_size, max_episode_steps=self.cfg.max_episode_steps)
+        n = num_envs
+        self.gen = torch.Generator(device=self.device).manual_seed(seed)
+        self.targets = torch.zeros(n, 3, 2, device=self.device)
+        self.pos = torch.zeros(n, 2, device=self.device)
+        self.last_action = torch.zeros(n, 2, device=self.device)
+        self.goal = torch.zeros(n, dtype=torch.long, device=self.device)
+        self.template = torch.zeros(n, dtype=torch.long, device=self.device)
+        self.t = torch.zeros(n, dtype=torch.long, device=self.device)
+        self.tracker = EpisodeTracker(n, self.device)
+        coords = (torch.arange(self.cfg.image_size, device=self.device) + 0.5) / self.cfg.image_size * 2 - 1
+        self._px = coords[None, None, :]            # x grows with column
+        self._py = coords.flip(0)[None, :, None]    # y grows upwards (row 0 is the top)
+        self._rgb = RGB.to(self.device)
+
+    @property
+    def num_envs(self) -> int:
+        return self.spec.num_envs
+
+    # ------------------------------------------------------------------------------------------------
+    def _randomize(self, idx: Tensor) -> None:
+        m = idx.numel()
+        if m == 0:
+            return
+        g, dev, j = self.gen, self.device, self.cfg.jitter
+        quad = torch.argsort(torch.rand(m, 4, generator=g, device=dev), dim=1)      # random quadrants
+        centers = QUADRANTS.to(dev)[quad]                                           # [m, 4, 2]
+        jit = (torch.rand(m, 4, 2, generator=g, device=dev) * 2 - 1) * j
+        placed = centers + jit
+        self.targets[idx] = placed[:, :3]
+        self.pos[idx] = placed[:, 3]
+        self.goal[idx] = torch.randint(3, (m,), generator=g, device=dev)
+        self.template[idx] = torch.randint(len(TEMPLATES), (m,), generator=g, device=dev)
+        self.last_action[idx] = 0.0
+        self.t[idx] = 0
+
+    def reset(self, seed: int | None = None) -> dict:
+        """Reset every env; ``seed`` reseeds the task generator (same seed, same episodes)."""
+        if seed is not None:
+            self.gen.manual_seed(seed)
+        self._randomize(torch.arange(self.num_envs, device=self.device))
+        self.tracker = EpisodeTracker(self.num_envs, self.device)
+        return self.observe()
+
+    # ------------------------------------------------------------------------------------------------
+    def instructions(self) -> list[str]:
+        goals, templates = self.goal.tolist(), self.template.tolist()
+        return [TEMPLATES[k].format(COLORS[c]) for c, k in zip(goals, templates)]
+
+    def render(self) -> Tensor:
+        """Camera images ``[N, 1, S, S, 3]`` uint8."""
+        n, s = self.num_envs, self.cfg.image_size
+        img = torch.full((n, s, s, 3), 30, dtype=torch.uint8, device=self.device)
+        r = self.cfg.target_half_size
+        for c in range(3):
+            tx, ty = self.targets[:, c, 0, None, None], self.targets[:, c, 1, None, None]
+            inside = ((self._px - tx).abs() <= r) & ((self._py - ty).abs() <= r)
+            img[inside] = self._rgb[c]
+        ax, ay = self.pos[:, 0, None, None], self.pos[:, 1, None, None]
+        agent = ((self._px - ax).pow(2) + (self._py - ay).pow(2)) <= (0.06**2)
+        img[agent] = 255
+        return img[:, None]
+
+    def state(self) -> Tensor:
+        return torch.cat([self.pos, self.last_action], dim=1)
+
+    def observe(self) -> dict:
+        return {"images": self.render(), "state": self.state(), "instruction": self.instructions()}
+
+    def goal_position(self) -> Tensor:
+        return self.targets[torch.arange(self.num_envs, device=self.device), self.goal]
+
+    def success(self) -> Tensor:
+        return (self.pos - self.goal_position()).norm(dim=1) < self.cfg.success_radius
+
+    # ------------------------------------------------------------------------------------------------
+    def expert_action(self, noise: float = 0.0, generator: torch.Generator | None = None) -> Tensor:
+        """Scripted expert ``[N, 2]``: head straight for the goal, at most one full step."""
+        a = ((self.goal_position() - self.pos) / self.cfg.step_size).clamp(-1, 1)
+        if noise > 0:
+            a = (a + noise * torch.randn(a.shape, generator=generator or self.gen, device=self.device)).clamp(-1, 1)
+        return a
+
+    def step(self, chunk: Tensor) -> ChunkStep:
+        """Execute up to H actions of ``chunk`` ``[N, H, 2]`` per env (see :mod:`envs.base`)."""
+        chunk = check_action_chunk(chunk, self.spec, device=self.device)
+        n, horizon = chunk.shape[:2]
+        cfg = self.cfg
+        rewards = torch.zeros(n, horizon, device=self.device)
+        active = torch.ones(n, dtype=torch.bool, device=self.device)
+        terminated = torch.zeros(n, dtype=torch.bool, device=self.device)
+        truncated = torch.zeros_like(terminated)
+        success = torch.zeros_like(terminated)
+        steps = torch.zeros(n, dtype=torch.long, device=self.device)
+        for h in range(horizon):
+            a = chunk[:, h]
+            goal = self.goal_position()
+            prev_dist = (self.pos - goal).norm(dim=1)
+            moved = (self.pos + cfg.step_size * a).clamp(-1, 1)
+            act = active[:, None]
+            self.pos = torch.where(act, moved, self.pos)
+            self.last_action = torch.where(act, a, self.last_action)
+            self.t += active.long()
+            dist = (self.pos - goal).norm(dim=1)
+            succ = dist < cfg.success_radius
+            if cfg.reward == "dense":
+                r = cfg.progress_scale * (prev_dist - dist) / cfg.step_size + cfg.success_bonus * succ
+            else:
+                r = succ.float()
+            rewards[:, h] = r * active
+            self.tracker.update(r, succ, active)
+            steps += active.long()
+            success = torch.where(active, succ, success)
+            terminated |= succ & active
+            truncated |= (self.t >= cfg.max_episode_steps) & active & ~succ
+            active = active & ~(terminated | truncated)
+        done = terminated | truncated
+        final_obs, episodes = None, {}
+        if bool(done.any()):
+            final_obs = self.observe()
+            episodes = self.tracker.finish(done, success)
+            self._randomize(done.nonzero(as_tuple=True)[0])
+        return ChunkStep(obs=self.observe(), rewards=rewards, terminated=terminated, truncated=truncated,
+                         success=success, steps=steps, final_obs=final_obs, episodes=episodes)

@@ -1,0 +1,97 @@
+"""The acting policy: model + normalisation + a sampler, from env observations to env action chunks.
+
+The model works in normalised units and may have more state / action dims than the env (π0 pads to 32);
+the actor pads the env's state, and cuts, unnormalises and clips the model's actions.
+
+Glossary: N envs, H actions per chunk, A model action dims, a env action dims, K denoising steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from vla_rl.policies import flow
+from vla_rl.policies.model import FlowPolicy, Prefix
+from vla_rl.policies.normalize import NormStats
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """How action chunks are drawn: ``num_steps`` (K) denoising steps with ``method``."""
+
+    num_steps: int = 4
+    method: Literal["ode", "sde", "noise"] = "ode"
+    noise_level: float = 0.5
+    sde_mode: Literal["all", "mixed"] = "mixed"
+
+
+@dataclass
+class Act:
+    """actions ``[N, H, a]`` in env units (clipped); sample: the flow chain in model units; prefix."""
+
+    actions: Tensor
+    sample: flow.FlowSample
+    prefix: Prefix
+
+
+class Actor:
+    def __init__(self, model: FlowPolicy, norm: NormStats, *, env_state_dim: int, env_action_dim: int,
+                 action_low: float = -1.0, action_high: float = 1.0):
+        cfg = model.cfg
+        if env_state_dim > cfg.state_dim or env_action_dim > cfg.action_dim:
+            raise ValueError(f"env has state/action dims {env_state_dim}/{env_action_dim}, more than the "
+                             f"model's {cfg.state_dim}/{cfg.action_dim}")
+        self.model, self.norm = model, norm
+        self.env_state_dim, self.env_action_dim = env_state_dim, env_action_dim
+        self.action_low, self.action_high = action_low, action_high
+
+    @property
+    def dim_mask(self) -> Tensor:
+        """``[A]`` True on the model action dims that the env really has."""
+        m = torch.zeros(self.model.cfg.action_dim, dtype=torch.bool, device=self.model.device)
+        m[: self.env_action_dim] = True
+        return m
+
+    def model_obs(self, obs: dict) -> dict:
+        """Env observation -> model input (normalised state padded to the model's width)."""
+        state = obs["state"].to(self.model.device, torch.float32)
+        if state.shape[-1] != self.env_state_dim:
+            raise ValueError(f"state has {state.shape[-1]} dims, expected {self.env_state_dim}")
+        state = self.norm.state.normalize(state, self.norm.mode)
+        pad = self.model.cfg.state_dim - self.env_state_dim
+        if pad:
+            state = torch.nn.functional.pad(state, (0, pad))
+        out = {"images": obs["images"].to(self.model.device), "state": state}
+        for key in ("instruction", "tokens", "token_mask"):
+            if key in obs:
+                out[key] = obs[key]
+        return out
+
+    def model_actions(self, actions: Tensor) -> Tensor:
+        """Env-unit actions ``[..., a]`` -> normalised model actions ``[..., A]`` (padded with 0)."""
+        x = self.norm.action.normalize(actions.to(self.model.device, torch.float32), self.norm.mode)
+        pad = self.model.cfg.action_dim - self.env_action_dim
+        return torch.nn.functional.pad(x, (0, pad)) if pad else x
+
+    def env_actions(self, x: Tensor) -> Tensor:
+        """Model actions ``[..., A]`` -> env units ``[..., a]``, clipped to the action bounds."""
+        a = self.norm.action.unnormalize(x[..., : self.env_action_dim], self.norm.mode)
+        return a.clamp(self.action_low, self.action_high)
+
+    def encode(self, obs: dict) -> Prefix:
+        return self.model.encode_prefix(self.model_obs(obs))
+
+    def act(self, obs: dict, sampler: SamplerConfig, *, generator: torch.Generator | None = None,
+            prefix: Prefix | None = None) -> Act:
+        prefix = prefix if prefix is not None else self.encode(obs)
+        cfg = self.model.cfg
+        noise = torch.randn(prefix.batch_size, cfg.action_horizon, cfg.action_dim, generator=generator,
+                            device=self.model.device)
+        sample = flow.sample(self.model.field(prefix), noise, num_steps=sampler.num_steps,
+                             method=sampler.method, noise_level=sampler.noise_level,
+                             sde_mode=sampler.sde_mode, generator=generator)
+        return Act(actions=self.env_actions(sample.actions), sample=sample, prefix=prefix)

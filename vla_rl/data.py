@@ -1,0 +1,71 @@
+"""In-memory demonstration datasets and their action-chunk targets.
+
+Columns follow LeRobot's naming (``observation.images.<cam>``, ``observation.state``, ``action``,
+``episode_index``, ``frame_index``, ``task_index`` + a task list), so on-disk LeRobot datasets map onto
+it one to one.
+
+Glossary: M frames, H actions per chunk, A action dims, C cameras.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class DemoDataset:
+    """Frames of demonstration episodes, stored flat and in episode order.
+
+    images ``[M, C, S, S, 3]`` uint8, state ``[M, D]``, action ``[M, A]``, episode_index ``[M]``,
+    frame_index ``[M]``, task_index ``[M]`` into ``tasks`` (the instructions).
+    """
+
+    images: Tensor
+    state: Tensor
+    action: Tensor
+    episode_index: Tensor
+    frame_index: Tensor
+    task_index: Tensor
+    tasks: list[str]
+
+    def __post_init__(self):
+        m = self.images.shape[0]
+        for name in ("state", "action", "episode_index", "frame_index", "task_index"):
+            if getattr(self, name).shape[0] != m:
+                raise ValueError(f"dataset column {name!r} has {getattr(self, name).shape[0]} rows, "
+                                 f"images have {m}")
+        if m and int(self.task_index.max()) >= len(self.tasks):
+            raise ValueError("task_index refers past the task list")
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    @property
+    def num_episodes(self) -> int:
+        return int(self.episode_index.unique().numel())
+
+    def instructions(self, idx: Tensor) -> list[str]:
+        return [self.tasks[i] for i in self.task_index[idx].tolist()]
+
+    def action_chunks(self, horizon: int) -> tuple[Tensor, Tensor]:
+        """Targets for every frame: the next ``horizon`` actions of its episode ``[M, H, A]`` and a mask
+        ``[M, H]`` that is False past the episode's end (those positions repeat the last action)."""
+        m = len(self)
+        offs = torch.arange(horizon)
+        idx = torch.arange(m)[:, None] + offs[None, :]                       # [M, H]
+        idx_c = idx.clamp(max=m - 1)
+        same = self.episode_index[idx_c] == self.episode_index[:, None]
+        valid = (idx < m) & same
+        # Past the end, point at the episode's last frame (a padded, masked target).
+        last = torch.zeros(m, dtype=torch.long)
+        ends = torch.cat([(self.episode_index[1:] != self.episode_index[:-1]).nonzero().flatten(),
+                          torch.tensor([m - 1])]) if m > 1 else torch.tensor([0])
+        start = 0
+        for e in ends.tolist():
+            last[start: e + 1] = e
+            start = e + 1
+        idx_final = torch.where(valid, idx_c, last[:, None])
+        return self.action[idx_final], valid
