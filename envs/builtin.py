@@ -130,7 +130,8 @@ class ColorReachEnv:
         """Scripted expert ``[N, 2]``: head straight for the goal, at most one full step."""
         a = ((self.goal_position() - self.pos) / self.cfg.step_size).clamp(-1, 1)
         if noise > 0:
-            a = (a + noise * torch.randn(a.shape, generator=generator or self.gen, device=self.device)).clamp(-1, 1)
+            eps = torch.randn(a.shape, generator=generator or self.gen, device=self.device)
+            a = (a + noise * eps).clamp(-1, 1)
         return a
 
     def step(self, chunk: Tensor) -> ChunkStep:

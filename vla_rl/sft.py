@@ -52,7 +52,7 @@ def train_sft(actor: Actor, data: DemoDataset, cfg: SFTConfig, *, progress: bool
         obs = {"images": data.images[idx], "state": data.state[idx], "instruction": data.instructions(idx)}
         prefix = actor.encode(obs)
         loss, _ = flow.flow_matching_loss(
-            lambda x, t: model.expert(prefix, x, t).velocity, targets[idx.to(device)],
+            model.field(prefix), targets[idx.to(device)],
             action_mask=chunk_mask[idx.to(device)], dim_mask=dim_mask,
             generator=gen if device.type == "cpu" else None)
         if not torch.isfinite(loss):

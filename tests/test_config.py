@@ -1,0 +1,61 @@
+"""Strict typed config loading and command-line overrides."""
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pytest
+
+from vla_rl.config import ConfigError, from_dict, parse_overrides, to_dict
+from vla_rl.policies import tokenizer
+
+
+@dataclass(frozen=True)
+class Inner:
+    width: int = 4
+    rate: float = 0.1
+
+
+@dataclass(frozen=True)
+class Outer:
+    inner: Inner = field(default_factory=Inner)
+    mode: Literal["a", "b"] = "a"
+    name: str | None = None
+    flag: bool = False
+
+
+def test_from_dict_builds_nested_and_checks_types():
+    cfg = from_dict(Outer, {"inner": {"width": 8, "rate": 1}, "mode": "b", "flag": True})
+    assert cfg.inner.width == 8 and cfg.inner.rate == 1.0 and cfg.mode == "b" and cfg.flag
+    assert to_dict(cfg) == {"inner": {"width": 8, "rate": 1.0}, "mode": "b", "name": None, "flag": True}
+    with pytest.raises(ConfigError, match="inner.widht"):
+        from_dict(Outer, {"inner": {"widht": 8}})
+    with pytest.raises(ConfigError, match="inner.width: expected an integer"):
+        from_dict(Outer, {"inner": {"width": 1.5}})
+    with pytest.raises(ConfigError, match="flag: expected true/false"):
+        from_dict(Outer, {"flag": "yes"})
+    with pytest.raises(ConfigError, match="mode"):
+        from_dict(Outer, {"mode": "c"})
+
+
+def test_overrides_parse_values_as_yaml():
+    assert parse_overrides(["inner.width=3", "mode=b", "name=null", "x=[1, 2]"]) == {
+        "inner": {"width": 3}, "mode": "b", "name": None, "x": [1, 2]}
+    with pytest.raises(ConfigError, match="key.sub=value"):
+        parse_overrides(["nonsense"])
+    assert from_dict(Outer, parse_overrides(["inner.rate=0.5"])).inner.rate == 0.5
+
+
+def test_word_tokenizer_is_stable_and_case_insensitive():
+    a, ma = tokenizer.tokenize(["Move to the RED square.", "move to the red square"], 10)
+    assert torch_equal(a[0, :7], a[1, :7]) or a[0].tolist()[:6] == a[1].tolist()[:6]
+    assert ma[1].sum() == 2 + 5 and ma[0].sum() == 2 + 6  # the full stop is its own token
+    b, mb = tokenizer.tokenize(["x " * 50], 6)
+    assert mb.all() and b[0, -1] == tokenizer.EOS
+    c, _ = tokenizer.tokenize(["hi"], 5, kind="bytes", vocab_size=300)
+    assert c[0].tolist() == [tokenizer.BOS, 3 + ord("h"), 3 + ord("i"), tokenizer.EOS, tokenizer.PAD]
+    with pytest.raises(TypeError):
+        tokenizer.tokenize("not a list", 5)
+
+
+def torch_equal(a, b):
+    return bool((a == b).all())
