@@ -14,9 +14,10 @@ Glossary: N envs, H actions per chunk, A = 2 action dims (dx, dy in [-1, 1]).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -175,3 +176,32 @@ class ColorReachEnv:
             self._randomize(done.nonzero(as_tuple=True)[0])
         return ChunkStep(obs=self.observe(), rewards=rewards, terminated=terminated, truncated=truncated,
                          success=success, steps=steps, final_obs=final_obs, episodes=episodes)
+
+
+class ColorReachSingleEnv:
+    """One ColorReach env behind the single-env worker protocol (numpy in and out; see
+    :mod:`envs.workers`). Used to test the worker pool without a simulator installed."""
+
+    def __init__(self, config: ColorReachConfig | None = None, seed: int = 0):
+        self.env = ColorReachEnv(1, config=config, seed=seed)
+        self.spec = replace(self.env.spec)
+
+    @staticmethod
+    def _np(obs: dict) -> dict:
+        return {"images": obs["images"][0].numpy(), "state": obs["state"][0].numpy(),
+                "instruction": obs["instruction"][0]}
+
+    def reset(self, seed: int | None) -> dict:
+        return self._np(self.env.reset(seed))
+
+    def step(self, action: np.ndarray) -> tuple[dict, float, bool, bool, bool]:
+        out = self.env.step(torch.as_tensor(action, dtype=torch.float32).reshape(1, 1, -1))
+        obs = out.final_obs if out.final_obs is not None else out.obs
+        return (self._np(obs), float(out.rewards[0, 0]), bool(out.terminated[0]), bool(out.truncated[0]),
+                bool(out.success[0]))
+
+    def render_frame(self) -> np.ndarray:
+        return self.env.render()[0, 0].numpy()
+
+    def close(self) -> None:
+        pass
