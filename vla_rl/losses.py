@@ -1,0 +1,82 @@
+"""PPO losses (pure functions returning ``(loss, metrics)``).
+
+Glossary: B samples in a minibatch (chunks); an optional trailing axis of action dims when the ratio is
+taken per action dim.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def _masked_mean(x: Tensor, mask: Tensor | None) -> Tensor:
+    if mask is None:
+        return x.mean()
+    m = mask.to(x.dtype)
+    while m.dim() < x.dim():
+        m = m.unsqueeze(-1)
+    m = m.expand_as(x)
+    return (x * m).sum() / m.sum().clamp_min(1.0)
+
+
+def ppo_policy_loss(
+    *,
+    new_log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    clip: float = 0.2,
+    dual_clip: float | None = 3.0,
+    mask: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Clipped surrogate with dual clip.
+
+    ``new_log_prob`` / ``old_log_prob``: ``[B]`` (one ratio per chunk) or ``[B, A]`` (one per action dim);
+    ``advantages`` ``[B]`` (broadcast over A). ``dual_clip`` c bounds the loss of negative-advantage samples
+    at -c*A, so a huge ratio on a bad action cannot dominate the update.
+    """
+    if new_log_prob.shape != old_log_prob.shape:
+        raise ValueError(f"log-prob shapes differ: {tuple(new_log_prob.shape)} vs {tuple(old_log_prob.shape)}")
+    adv = advantages
+    while adv.dim() < new_log_prob.dim():
+        adv = adv.unsqueeze(-1)
+    log_ratio = new_log_prob - old_log_prob
+    ratio = torch.exp(log_ratio)
+    pg1 = -adv * ratio
+    pg2 = -adv * torch.clamp(ratio, 1.0 - clip, 1.0 + clip)
+    pg = torch.maximum(pg1, pg2)
+    if dual_clip is not None:
+        pg = torch.where(adv < 0, torch.minimum(pg, -dual_clip * adv), pg)
+    loss = _masked_mean(pg, mask)
+    with torch.no_grad():
+        approx_kl = _masked_mean((ratio - 1.0) - log_ratio, mask)  # k3 estimator, >= 0
+        clipfrac = _masked_mean(((ratio - 1.0).abs() > clip).float(), mask)
+        metrics = {"losses/policy": float(loss), "losses/approx_kl": float(approx_kl),
+                   "losses/clipfrac": float(clipfrac), "losses/ratio_max": float(ratio.max())}
+    return loss, metrics
+
+
+def value_loss(
+    *,
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    clip: float | None = 0.2,
+    huber_delta: float = 1.0,
+    mask: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Clipped Huber value loss: the worse of the unclipped and the clipped (around ``old_values``)
+    prediction, so the critic cannot move too far per update either."""
+    loss = F.huber_loss(values, returns, reduction="none", delta=huber_delta)
+    if clip is not None:
+        clipped = old_values + torch.clamp(values - old_values, -clip, clip)
+        loss = torch.maximum(loss, F.huber_loss(clipped, returns, reduction="none", delta=huber_delta))
+    loss = _masked_mean(loss, mask)
+    return loss, {"losses/value": float(loss)}
+
+
+def explained_variance(pred: Tensor, target: Tensor) -> float:
+    """1 - Var[target - pred] / Var[target] (1 is perfect, <= 0 is no better than a constant)."""
+    var = target.var()
+    return float("nan") if var == 0 else float(1.0 - (target - pred).var() / var)
