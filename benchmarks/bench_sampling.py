@@ -3,7 +3,9 @@ log-probs (what every PPO minibatch does) for mixed Flow-SDE vs Flow-Noise.
 
     python benchmarks/bench_sampling.py [--model tiny] [--batch 64] [--device cpu] [--repeats 5]
 
-Prints a markdown table (median of ``--repeats`` timings after one warm-up).
+Prints a markdown table (median of ``--repeats`` timings after one warm-up). On CPU the timings are
+this process's CPU time with ``--threads`` torch threads (default 1), which stays meaningful on a shared,
+loaded machine; on CUDA they are wall-clock times with synchronisation.
 """
 
 from __future__ import annotations
@@ -21,15 +23,16 @@ from vla_rl.policies.model import FlowPolicy
 
 def timed(fn, repeats: int, device: torch.device) -> float:
     fn()
+    clock = time.perf_counter if device.type == "cuda" else time.process_time
     times = []
     for _ in range(repeats):
         if device.type == "cuda":
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
         if device.type == "cuda":
             torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return statistics.median(times)
 
 
@@ -39,7 +42,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--device", default="cpu")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
+    torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     torch.manual_seed(0)
     model = FlowPolicy(policy_preset(args.model)).to(device).eval()
@@ -53,7 +58,8 @@ def main() -> None:
     noise = torch.randn(n, cfg.action_horizon, cfg.action_dim, device=device)
     print(f"model={args.model} batch={n} device={device} torch={torch.__version__} "
           f"threads={torch.get_num_threads()}\n")
-    print("| what | K | time per chunk (ms) |")
+    unit = "wall ms" if device.type == "cuda" else "CPU ms"
+    print(f"| what | K | time per chunk ({unit}) |")
     print("|---|---|---|")
     for k in (4, 10):
         def cached(k=k):
@@ -71,7 +77,7 @@ def main() -> None:
         print(f"| sample, prefix cache | {k} | {1e3 * timed(cached, args.repeats, device):.1f} |")
         print(f"| sample, no cache (full pass per step) | {k} | {1e3 * timed(uncached, args.repeats, device):.1f} |")
     for k in (4, 10):
-        with torch.inference_mode():
+        with torch.no_grad():  # not inference mode: these chains feed a differentiable recomputation
             prefix = model.encode_prefix(obs)
             chains = {m: flow.sample(model.field(prefix), noise, num_steps=k, method=m, sde_mode="mixed")
                       for m in ("sde", "noise")}

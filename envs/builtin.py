@@ -87,6 +87,7 @@ class ColorReachEnv:
         self.last_action[idx] = 0.0
         self.t[idx] = 0
 
+    @torch.inference_mode()
     def reset(self, seed: int | None = None) -> dict:
         """Reset every env; ``seed`` reseeds the task generator (same seed, same episodes)."""
         if seed is not None:
@@ -135,6 +136,7 @@ class ColorReachEnv:
             a = (a + noise * eps).clamp(-1, 1)
         return a
 
+    @torch.inference_mode()
     def step(self, chunk: Tensor) -> ChunkStep:
         """Execute up to H actions of ``chunk`` ``[N, H, 2]`` per env (see :mod:`envs.base`)."""
         chunk = check_action_chunk(chunk, self.spec, device=self.device)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vla_rl.config import ConfigError, from_dict, parse_overrides
+from vla_rl.checkpoint import CheckpointError
+from vla_rl.config import ConfigError, from_dict, merge, parse_overrides, preset_path, read_yaml
 
 
 def _demo(args) -> int:
@@ -16,19 +17,76 @@ def _demo(args) -> int:
     return 0
 
 
+def _train(args) -> int:
+    from vla_rl.trainer import TrainConfig, Trainer, resume_trainer
+
+    overrides = parse_overrides(args.overrides)
+    if args.no_progress:
+        overrides["progress"] = False
+    if args.resume:
+        trainer = resume_trainer(args.resume, overrides=overrides)
+        print(f"resuming {args.resume} at iteration {trainer.iteration}")
+    else:
+        if not args.config:
+            raise ConfigError("give a CONFIG (a preset name from configs/experiment or a YAML path), or --resume")
+        base = read_yaml(preset_path("experiment", args.config))
+        cfg = from_dict(TrainConfig, merge(base, overrides))
+        trainer = Trainer(cfg)
+    history = trainer.run()
+    evals = [h for h in history if "eval/success_once" in h]
+    if evals:
+        print(f"eval success: {evals[0]['eval/success_once']:.3f} (iteration {evals[0]['iteration']}) -> "
+              f"{evals[-1]['eval/success_once']:.3f} (iteration {evals[-1]['iteration']})")
+    print(f"run folder: {trainer.run_dir}")
+    return 0
+
+
+def _eval(args) -> int:
+    from vla_rl.evaluate import evaluate_checkpoint
+
+    metrics = evaluate_checkpoint(args.checkpoint, parse_overrides(args.overrides))
+    for k, v in metrics.items():
+        print(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vla-rl", description="RL fine-tuning of flow-matching VLA policies")
     sub = parser.add_subparsers(dest="command", required=True)
+
     demo = sub.add_parser("demo", help="few-shot SFT on the built-in task, then sampling with each method",
                           description="Overrides: key=value, e.g. demos=10 sft.steps=500 model=tiny_pi05")
     demo.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
     demo.set_defaults(func=_demo)
+
+    train = sub.add_parser("train", help="online RL (PPO with Flow-Noise or Flow-SDE)",
+                           description="CONFIG is a preset of configs/experiment or a YAML file; overrides "
+                                       "are key.sub=value, e.g. ppo.lr_actor=1e-4 sampler.method=sde")
+    train.add_argument("config", nargs="?", help="experiment preset or YAML path")
+    train.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest checkpoint")
+    train.add_argument("--no-progress", action="store_true", help="no progress bars")
+    train.set_defaults(func=_train)
+
+    ev = sub.add_parser("eval", help="evaluate a checkpoint folder with the deterministic ODE sampler",
+                        description="Overrides: episodes=200 seed=5 num_steps=10 execute=4 num_envs=50")
+    ev.add_argument("checkpoint", help="a policy or training checkpoint folder")
+    ev.add_argument("overrides", nargs="*", help="key=value overrides")
+    ev.set_defaults(func=_eval)
+
     args = parser.parse_args(argv)
+    # `vla-rl train key=value --resume DIR`: a first positional with '=' is an override, not a config.
+    if getattr(args, "config", None) and "=" in args.config:
+        args.overrides.insert(0, args.config)
+        args.config = None
     try:
         return args.func(args)
     except ConfigError as e:
         print(f"vla-rl: config error: {e}", file=sys.stderr)
+        return 2
+    except CheckpointError as e:
+        print(f"vla-rl: checkpoint error: {e}", file=sys.stderr)
         return 2
 
 

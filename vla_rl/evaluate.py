@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -40,3 +42,39 @@ def evaluate(actor: Actor, env, *, num_episodes: int, sampler: SamplerConfig | N
     metrics = {f"{prefix}/{k}": sum(v) / num_episodes for k, v in results.items()}
     metrics[f"{prefix}/episodes"] = float(num_episodes)
     return metrics
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """``vla-rl eval`` settings; the env comes from the checkpoint unless ``env`` overrides fields."""
+
+    episodes: int = 100
+    seed: int = 10_000
+    num_steps: int = 4
+    execute: int = 8
+    num_envs: int = 100
+    device: str = "cpu"
+    env: dict = field(default_factory=dict)
+
+
+def evaluate_checkpoint(path: str | Path, overrides: dict | None = None) -> dict[str, float]:
+    """Evaluate a policy or training checkpoint folder with the deterministic ODE sampler."""
+    from vla_rl.checkpoint import load_policy, read_yaml_file
+    from vla_rl.config import from_dict, merge
+    from vla_rl.trainer import EnvConfig, make_env
+
+    overrides = dict(overrides or {})
+    path = Path(path)
+    model, norm, config = load_policy(path)
+    env_dict: dict = {}
+    if (path / "train_config.yaml").is_file():
+        env_dict = read_yaml_file(path / "train_config.yaml").get("env", {})
+    cfg = from_dict(EvalConfig, overrides)
+    env_cfg = from_dict(EnvConfig, merge(env_dict, cfg.env), prefix="env")
+    device = torch.device(cfg.device)
+    env = make_env(env_cfg, num_envs=min(cfg.num_envs, cfg.episodes), device=device, seed=cfg.seed)
+    spec = env.spec
+    actor = Actor(model.to(device), norm, env_state_dim=spec.state_dim, env_action_dim=spec.action_dim,
+                  action_low=spec.action_low, action_high=spec.action_high)
+    return evaluate(actor, env, num_episodes=cfg.episodes, sampler=SamplerConfig(cfg.num_steps, "ode"),
+                    execute=cfg.execute, seed=cfg.seed)

@@ -52,7 +52,7 @@ def ppo_policy_loss(
     with torch.no_grad():
         approx_kl = _masked_mean((ratio - 1.0) - log_ratio, mask)  # k3 estimator, >= 0
         clipfrac = _masked_mean(((ratio - 1.0).abs() > clip).float(), mask)
-        metrics = {"losses/policy": float(loss), "losses/approx_kl": float(approx_kl),
+        metrics = {"losses/policy": float(loss.detach()), "losses/approx_kl": float(approx_kl),
                    "losses/clipfrac": float(clipfrac), "losses/ratio_max": float(ratio.max())}
     return loss, metrics
 
@@ -73,7 +73,7 @@ def value_loss(
         clipped = old_values + torch.clamp(values - old_values, -clip, clip)
         loss = torch.maximum(loss, F.huber_loss(clipped, returns, reduction="none", delta=huber_delta))
     loss = _masked_mean(loss, mask)
-    return loss, {"losses/value": float(loss)}
+    return loss, {"losses/value": float(loss.detach())}
 
 
 def explained_variance(pred: Tensor, target: Tensor) -> float:

@@ -1,0 +1,160 @@
+"""The learner: PPO epochs over a rollout's chunk samples, with separate actor / critic learning rates,
+gradient accumulation, clipping, optional prefix freezing, bf16 autocast on GPU, and skipped
+(never applied) non-finite steps.
+
+Glossary: B samples (chunks) in a minibatch, K denoising steps, H actions per chunk, A action dims.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from vla_rl import advantages as adv_lib
+from vla_rl import losses
+from vla_rl.actor import Actor
+from vla_rl.policies import flow
+from vla_rl.rollout import LogProbConfig, Rollout, aggregate_log_prob
+
+PREFIX_MODULES = ("patch_embed", "vision_pos", "vision_blocks", "vision_norm", "vision_proj", "text_embed",
+                  "state_proj", "state_embed", "state_dim_embed", "prefix_layers", "prefix_norm")
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    gamma: float = 0.99
+    lam: float = 0.95
+    clip: float = 0.2
+    dual_clip: float | None = 3.0
+    value_clip: float | None = 0.2
+    huber_delta: float = 1.0
+    value_coef: float = 1.0
+    entropy_coef: float = 0.0
+    normalize_advantages: bool = True
+    update_epochs: int = 4
+    minibatches: int = 4
+    grad_accum: int = 1
+    lr_actor: float = 3e-4
+    lr_critic: float = 1e-3
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    target_kl: float | None = None
+    critic_warmup_iters: int = 0
+    freeze_prefix: bool = False
+    log_prob: LogProbConfig = LogProbConfig()
+
+
+class Learner:
+    def __init__(self, actor: Actor, cfg: PPOConfig, *, method: str, noise_level: float, execute: int,
+                 bf16: bool = False):
+        self.actor, self.cfg, self.method = actor, cfg, method
+        self.noise_level, self.execute = noise_level, execute
+        model = actor.model
+        if cfg.freeze_prefix:
+            for name in PREFIX_MODULES:  # "train the expert only"
+                mod = getattr(model, name, None)
+                if mod is not None:
+                    mod.requires_grad_(False)
+        critic = [p for n, p in model.named_parameters() if n.startswith("value_head") and p.requires_grad]
+        actor_params = [p for n, p in model.named_parameters()
+                        if not n.startswith("value_head") and p.requires_grad]
+        self.optimizer = torch.optim.AdamW([
+            {"params": actor_params, "lr": cfg.lr_actor, "name": "actor"},
+            {"params": critic, "lr": cfg.lr_critic, "name": "critic"},
+        ], weight_decay=cfg.weight_decay)
+        self.autocast = bf16 and model.device.type == "cuda"
+        self.skipped_steps = 0
+
+    def _field(self, prefix):
+        return self.actor.model.field(prefix)
+
+    def compute_advantages(self, ro: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.cfg
+        adv, ret = adv_lib.gae(rewards=ro.rewards, values=ro.values, terminated=ro.terminated,
+                               truncated=ro.truncated, final_values=ro.final_values, last_values=ro.last_values,
+                               gamma=cfg.gamma, lam=cfg.lam)
+        if cfg.normalize_advantages:
+            adv = adv_lib.normalize(adv)
+        return adv, ret
+
+    def update(self, ro: Rollout, *, iteration: int) -> dict[str, float]:
+        """PPO epochs over ``ro``; returns averaged metrics (fixed names, see DESIGN.md)."""
+        cfg, model = self.cfg, self.actor.model
+        adv, ret = self.compute_advantages(ro)
+        t_len, n = ro.values.shape
+        total = t_len * n
+        flat = lambda x: x.reshape(total, *x.shape[2:])  # noqa: E731
+        obs = {k: flat(v) for k, v in ro.obs.items()}
+        chain, stoch = flat(ro.chain), flat(ro.stochastic)
+        old_lp, old_v, adv, ret = flat(ro.old_log_prob), flat(ro.values), flat(adv), flat(ret)
+        critic_only = iteration < cfg.critic_warmup_iters
+        mb_size = math.ceil(total / cfg.minibatches)
+        gen = torch.Generator().manual_seed(iteration)
+        sums: dict[str, float] = {}
+        count = 0
+        model.train()
+        epochs_run = 0
+        for _ in range(cfg.update_epochs):
+            epochs_run += 1
+            perm = torch.randperm(total, generator=gen).to(chain.device)
+            epoch_kl = []
+            for start in range(0, total, mb_size):
+                mb = perm[start:start + mb_size]
+                self.optimizer.zero_grad(set_to_none=True)
+                micro = mb.chunk(cfg.grad_accum)
+                mb_metrics: dict[str, float] = {}
+                for idx in micro:
+                    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
+                        loss, m = self._loss({k: v[idx] for k, v in obs.items()}, chain[idx], stoch[idx],
+                                             old_lp[idx], old_v[idx], adv[idx], ret[idx], critic_only)
+                    (loss * idx.numel() / mb.numel()).backward()
+                    for k, v in m.items():
+                        mb_metrics[k] = mb_metrics.get(k, 0.0) + v * idx.numel() / mb.numel()
+                grads_ok = all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+                if not (math.isfinite(mb_metrics["losses/total"]) and grads_ok):
+                    self.skipped_steps += 1  # never apply (nor later save) a non-finite update
+                    self.optimizer.zero_grad(set_to_none=True)
+                    continue
+                grad_norm = torch.nn.utils.clip_grad_norm_(
+                    [p for p in model.parameters() if p.requires_grad], cfg.max_grad_norm)
+                self.optimizer.step()
+                mb_metrics["losses/grad_norm"] = float(grad_norm)
+                for k, v in mb_metrics.items():
+                    sums[k] = sums.get(k, 0.0) + v
+                count += 1
+                epoch_kl.append(mb_metrics.get("losses/approx_kl", 0.0))
+            if cfg.target_kl is not None and epoch_kl and sum(epoch_kl) / len(epoch_kl) > cfg.target_kl:
+                break  # KL early stop: the policy already moved far enough for this rollout
+        model.eval()
+        out = {k: v / max(count, 1) for k, v in sums.items()}
+        out["losses/explained_variance"] = losses.explained_variance(flat(ro.values), ret)
+        out["train/skipped_steps"] = float(self.skipped_steps)
+        out["train/epochs"] = float(epochs_run)
+        out["train/advantage_mean"] = float(adv.mean())
+        return out
+
+    def _loss(self, obs, chain, stoch, old_lp, old_v, adv, ret, critic_only):
+        cfg, model = self.cfg, self.actor.model
+        prefix = model.encode_prefix(obs)
+        value = model.value(prefix)
+        v_loss, metrics = losses.value_loss(values=value, old_values=old_v, returns=ret, clip=cfg.value_clip,
+                                            huber_delta=cfg.huber_delta)
+        loss = cfg.value_coef * v_loss
+        if not critic_only:
+            re = flow.chain_log_prob(self._field(prefix), chain, stoch, method=self.method,
+                                     noise_level=self.noise_level)
+            new_lp = aggregate_log_prob(re.log_probs, stoch, cfg.log_prob, executed=self.execute,
+                                        dim_mask=self.actor.dim_mask)
+            pg, pm = losses.ppo_policy_loss(new_log_prob=new_lp, old_log_prob=old_lp, advantages=adv,
+                                            clip=cfg.clip, dual_clip=cfg.dual_clip)
+            metrics.update(pm)
+            loss = loss + pg
+            if cfg.entropy_coef:
+                ent = flow.aggregate(re.entropy, stoch, steps="mean", actions="mean", dims="mean",
+                                     executed=self.execute, dim_mask=self.actor.dim_mask).mean()
+                loss = loss - cfg.entropy_coef * ent
+                metrics["losses/entropy"] = float(ent)
+        metrics["losses/total"] = float(loss.detach())
+        return loss, metrics

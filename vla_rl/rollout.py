@@ -1,0 +1,134 @@
+"""Rollout collection: the policy samples action chunks, the env executes them, and everything PPO
+needs is stored on the policy's device.
+
+Glossary: T chunk steps, N envs, K denoising steps, H actions per chunk, A model action dims.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from vla_rl.actor import Actor, SamplerConfig
+from vla_rl.policies import flow
+
+
+@dataclass(frozen=True)
+class LogProbConfig:
+    """How per-element log-densities ``[K, H, A]`` become the PPO log-prob of a chunk.
+
+    Default (πRL): mean over the stochastic denoising steps, sum over the executed actions and the real
+    action dims. Summing over K as well multiplies the log-ratio by K and blows PPO ratios up.
+    ``ratio="dim"`` keeps one ratio per action dim instead of one per chunk.
+    """
+
+    steps: str = "mean"
+    actions: str = "sum"
+    dims: str = "sum"
+    ratio: str = "chunk"
+
+    def __post_init__(self):
+        for name in ("steps", "actions", "dims"):
+            if getattr(self, name) not in ("sum", "mean"):
+                raise ValueError(f"log_prob.{name} must be 'sum' or 'mean', got {getattr(self, name)!r}")
+        if self.ratio not in ("chunk", "dim"):
+            raise ValueError(f"log_prob.ratio must be 'chunk' or 'dim', got {self.ratio!r}")
+
+
+def aggregate_log_prob(per_element: Tensor, stochastic: Tensor, cfg: LogProbConfig, *, executed: int,
+                       dim_mask: Tensor) -> Tensor:
+    """``[B, K, H, A]`` -> ``[B]`` (chunk ratio) or ``[B, A_real]`` (per-dim ratio)."""
+    dims = "none" if cfg.ratio == "dim" else cfg.dims
+    out = flow.aggregate(per_element, stochastic, steps=cfg.steps, actions=cfg.actions, dims=dims,
+                         executed=executed, dim_mask=dim_mask)
+    return out[:, dim_mask] if cfg.ratio == "dim" else out
+
+
+@dataclass
+class Rollout:
+    """``[T, N, ...]`` tensors of one rollout, plus the episodes that ended during it."""
+
+    obs: dict[str, Tensor]       # model inputs: images, state (normalised, padded), tokens, token_mask
+    chain: Tensor                # [T, N, K+1, H, A]
+    stochastic: Tensor           # [T, N, K]
+    old_log_prob: Tensor         # [T, N] or [T, N, A_real]
+    entropy: Tensor              # [T, N] aggregated like the log-prob (Flow-Noise / SDE step entropies)
+    values: Tensor               # [T, N]
+    rewards: Tensor              # [T, N]  sum of the executed sub-step rewards
+    terminated: Tensor           # [T, N]
+    truncated: Tensor            # [T, N]
+    final_values: Tensor         # [T, N]  V(final obs) where truncated, else 0
+    last_values: Tensor          # [N]     V(obs after the last chunk)
+    episodes: dict[str, list] = field(default_factory=dict)
+    env_steps: int = 0
+
+    @property
+    def num_samples(self) -> int:
+        return self.values.numel()
+
+
+def _model_inputs(actor: Actor, obs: dict) -> dict[str, Tensor]:
+    prepared = actor.model.prepare(actor.model_obs(obs))
+    return {k: prepared[k] for k in ("images", "state", "tokens", "token_mask")}
+
+
+def collect_rollout(actor: Actor, env, obs: dict, *, num_chunks: int, sampler: SamplerConfig, execute: int,
+                    log_prob: LogProbConfig, generator: torch.Generator | None = None) -> tuple[Rollout, dict]:
+    """Run ``num_chunks`` chunk steps from ``obs``; returns the rollout and the next observation.
+
+    Sampling runs in inference mode (no graphs); the stored tensors are cloned out of it at the end so
+    that the learner may use them as inputs of differentiable computations.
+    """
+    with torch.inference_mode():
+        rollout, obs = _collect(actor, env, obs, num_chunks=num_chunks, sampler=sampler, execute=execute,
+                                log_prob=log_prob, generator=generator)
+    plain = lambda x: x.clone() if torch.is_tensor(x) else x  # noqa: E731
+    rollout = Rollout(**{k: ({kk: plain(vv) for kk, vv in v.items()} if k == "obs" else plain(v))
+                         for k, v in vars(rollout).items()})
+    return rollout, obs
+
+
+def _collect(actor: Actor, env, obs: dict, *, num_chunks: int, sampler: SamplerConfig, execute: int,
+             log_prob: LogProbConfig, generator: torch.Generator | None) -> tuple[Rollout, dict]:
+    model, dim_mask = actor.model, actor.dim_mask
+    store: dict[str, list] = {k: [] for k in ("chain", "stochastic", "old_log_prob", "entropy", "values",
+                                              "rewards", "terminated", "truncated", "final_values")}
+    obs_store: dict[str, list] = {k: [] for k in ("images", "state", "tokens", "token_mask")}
+    episodes: dict[str, list] = {}
+    env_steps = 0
+    for _ in range(num_chunks):
+        inputs = _model_inputs(actor, obs)
+        prefix = model.encode_prefix(inputs)
+        act = actor.act(obs, sampler, generator=generator, prefix=prefix)
+        value = model.value(prefix)
+        out = env.step(act.actions[:, :execute])
+        env_steps += int(out.steps.sum())
+        final_values = torch.zeros_like(value)
+        if out.final_obs is not None and bool(out.truncated.any()):
+            trunc = out.truncated.to(value.device)
+            v_final = model.value(model.encode_prefix(_model_inputs(actor, out.final_obs)))
+            final_values = torch.where(trunc, v_final, final_values)
+        for k, v in inputs.items():
+            obs_store[k].append(v)
+        s = act.sample
+        store["chain"].append(s.chain)
+        store["stochastic"].append(s.stochastic)
+        store["old_log_prob"].append(aggregate_log_prob(s.log_probs, s.stochastic, log_prob,
+                                                        executed=execute, dim_mask=dim_mask))
+        store["entropy"].append(flow.aggregate(s.entropy, s.stochastic, steps="mean", actions="mean",
+                                               dims="mean", executed=execute, dim_mask=dim_mask))
+        store["values"].append(value)
+        store["rewards"].append(out.rewards.sum(dim=1).to(value.device))
+        store["terminated"].append(out.terminated.to(value.device))
+        store["truncated"].append(out.truncated.to(value.device))
+        store["final_values"].append(final_values)
+        for k, v in out.episodes.items():
+            episodes.setdefault(k, []).extend(v.tolist())
+        obs = out.obs
+    last_values = model.value(model.encode_prefix(_model_inputs(actor, obs)))
+    rollout = Rollout(obs={k: torch.stack(v) for k, v in obs_store.items()},
+                      **{k: torch.stack(v) for k, v in store.items()}, last_values=last_values,
+                      episodes=episodes, env_steps=env_steps)
+    return rollout, obs

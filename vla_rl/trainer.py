@@ -1,0 +1,314 @@
+"""The RL runner: the only training loop. It talks to the envs (``reset`` / ``step``), to policy sampling
+(:func:`collect_rollout`) and to the learner (:meth:`Learner.update`) through narrow interfaces, so each
+can later become a remote actor without touching this loop.
+
+Each iteration resets the envs with a seed derived from (seed, iteration) and collects ``rollout_chunks``
+chunks; the rollout noise generator and the minibatch order are seeded the same way. A run's future is
+therefore fully determined by (config, weights, optimizer state, iteration), which is what a checkpoint
+holds: a resumed CPU run reproduces an uninterrupted one exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import shutil
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from tqdm.auto import tqdm
+
+from vla_rl.actor import Actor, SamplerConfig
+from vla_rl.checkpoint import (
+    CheckpointError,
+    load_policy,
+    read_tensors,
+    read_yaml_file,
+    write_atomic_folder,
+)
+from vla_rl.config import ConfigError, from_dict, to_dict
+from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
+from vla_rl.evaluate import evaluate
+from vla_rl.learner import Learner, PPOConfig
+from vla_rl.policies.config import policy_preset
+from vla_rl.policies.model import FlowPolicy
+from vla_rl.policies.normalize import NormStats, Stats
+from vla_rl.rollout import collect_rollout
+
+CHECKPOINT_PREFIX = "iter_"
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    kind: Literal["builtin", "maniskill", "libero"] = "builtin"
+    num_envs: int = 64
+    builtin: ColorReachConfig = field(default_factory=ColorReachConfig)
+    options: dict[str, Any] = field(default_factory=dict)  # the ManiSkill / LIBERO adapter's own config
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    init: str | None = None              # SFT policy folder (weights + normalisation); None: fresh model
+    model: str = "tiny"                  # model preset, used only when init is None
+    env: EnvConfig = field(default_factory=EnvConfig)
+    sampler: SamplerConfig = field(default_factory=lambda: SamplerConfig(num_steps=4, method="noise"))
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    rollout_chunks: int = 4              # T chunk steps per env per iteration
+    execute: int = 8                     # E actions executed of each H-action chunk
+    iterations: int = 20
+    eval_every: int = 5
+    eval_episodes: int = 100
+    eval_seed: int = 10_000
+    seed: int = 0
+    device: str = "cpu"
+    bf16: bool = False
+    out: str = "runs/train"
+    save_every: int = 5
+    keep_last: int = 2
+    tensorboard: bool = True
+    progress: bool = True
+
+    def __post_init__(self):
+        if self.execute < 1 or self.rollout_chunks < 1 or self.iterations < 0:
+            raise ConfigError("execute and rollout_chunks must be >= 1, iterations >= 0")
+
+
+def make_env(cfg: EnvConfig, *, num_envs: int, device: torch.device, seed: int):
+    """Build the batched env of ``cfg`` (the trainer never imports a simulator itself)."""
+    if cfg.kind == "builtin":
+        if cfg.options:
+            raise ConfigError(f"env.options is for maniskill / libero; builtin uses env.builtin "
+                              f"(got {sorted(cfg.options)})")
+        return ColorReachEnv(num_envs, config=cfg.builtin, device=device, seed=seed)
+    if cfg.kind == "maniskill":
+        from vla_rl.envs.maniskill import make_maniskill_env_from_options
+
+        return make_maniskill_env_from_options(cfg.options, num_envs=num_envs, device=device, seed=seed)
+    if cfg.kind == "libero":
+        from vla_rl.envs.libero import make_libero_env_from_options
+
+        return make_libero_env_from_options(cfg.options, num_envs=num_envs, device=device, seed=seed)
+    raise ConfigError(f"unknown env.kind {cfg.kind!r}")
+
+
+def _iteration_seed(seed: int, iteration: int) -> int:
+    return seed * 1_000_003 + iteration
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, *, run_dir: str | Path | None = None, log=print):
+        self.cfg, self.log = cfg, log
+        self.device = torch.device(cfg.device)
+        self.run_dir = Path(run_dir or cfg.out)
+        self.env = make_env(cfg.env, num_envs=cfg.env.num_envs, device=self.device, seed=cfg.seed)
+        self.eval_env = make_env(cfg.env, num_envs=min(cfg.eval_episodes, cfg.env.num_envs), device=self.device,
+                                 seed=cfg.seed + 1)
+        spec = self.env.spec
+        if cfg.init:
+            model, norm, _ = load_policy(cfg.init, device=self.device)
+        else:
+            model = FlowPolicy(policy_preset(cfg.model)).to(self.device)
+            ident = Stats(torch.zeros(spec.state_dim), torch.ones(spec.state_dim),
+                          -torch.ones(spec.state_dim), torch.ones(spec.state_dim))
+            act = Stats(torch.zeros(spec.action_dim), torch.ones(spec.action_dim),
+                        -torch.ones(spec.action_dim), torch.ones(spec.action_dim))
+            norm = NormStats(ident, act)
+        if cfg.execute > model.cfg.action_horizon:
+            raise ConfigError(f"execute={cfg.execute} exceeds the policy's action_horizon "
+                              f"{model.cfg.action_horizon}")
+        self.actor = Actor(model, norm, env_state_dim=spec.state_dim, env_action_dim=spec.action_dim,
+                           action_low=spec.action_low, action_high=spec.action_high)
+        self.learner = Learner(self.actor, cfg.ppo, method=cfg.sampler.method, noise_level=cfg.sampler.noise_level,
+                               execute=cfg.execute, bf16=cfg.bf16)
+        if cfg.sampler.method == "ode":
+            raise ConfigError("sampler.method must be 'sde' or 'noise' for RL (ODE has no likelihood)")
+        self.iteration = 0
+        self.history: list[dict] = []
+        self._tb = None
+
+    # ------------------------------------------------------------------------------------------------
+    # Checkpoints
+    # ------------------------------------------------------------------------------------------------
+    def save(self) -> Path:
+        """Resume checkpoint: policy folder contents + optimizer + RNG + iteration (atomic)."""
+        model, norm = self.actor.model, self.actor.norm
+        opt = self.learner.optimizer.state_dict()
+        opt_tensors = {f"state.{pid}.{k}": v for pid, st in opt["state"].items() for k, v in st.items()
+                       if torch.is_tensor(v)}
+        groups = [{k: v for k, v in g.items()} for g in opt["param_groups"]]
+        rng = {"torch_cpu": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["torch_cuda"] = torch.cuda.get_rng_state()
+        path = self.run_dir / "checkpoints" / f"{CHECKPOINT_PREFIX}{self.iteration:06d}"
+        write_atomic_folder(path, tensors={"model": model.state_dict(), "norm_stats": norm.to_tensors(),
+                                           "optimizer": opt_tensors, "rng": rng},
+                            yamls={"config": {"format_version": 1, "policy": to_dict(model.cfg),
+                                              "normalization": {"mode": norm.mode},
+                                              "env": {"kind": self.cfg.env.kind,
+                                                      "state_dim": self.env.spec.state_dim,
+                                                      "action_dim": self.env.spec.action_dim}},
+                                   "train_config": to_dict(self.cfg),
+                                   "trainer_state": {"iteration": self.iteration,
+                                                     "skipped_steps": self.learner.skipped_steps,
+                                                     "param_groups": groups}})
+        ckpts = sorted((self.run_dir / "checkpoints").glob(f"{CHECKPOINT_PREFIX}*"))
+        for old in ckpts[: max(0, len(ckpts) - self.cfg.keep_last)]:
+            shutil.rmtree(old, ignore_errors=True)
+        return path
+
+    def load(self, path: Path) -> None:
+        """Restore weights, optimizer, RNG and iteration from a resume checkpoint."""
+        state = read_yaml_file(path / "trainer_state.yaml")
+        model_state = read_tensors(path / "model.safetensors", device=self.device)
+        try:
+            self.actor.model.load_state_dict(model_state)
+        except RuntimeError as e:
+            raise CheckpointError(f"{path}: weights do not fit this run's policy: {e}") from None
+        opt_tensors = read_tensors(path / "optimizer.safetensors", device=self.device)
+        opt = self.learner.optimizer
+        saved_groups = state.get("param_groups", [])
+        if len(saved_groups) != len(opt.param_groups):
+            raise CheckpointError(f"{path}: optimizer has {len(saved_groups)} parameter groups, expected "
+                                  f"{len(opt.param_groups)}")
+        opt_state: dict[int, dict] = {}
+        for key, value in opt_tensors.items():
+            _, pid, name = key.split(".", 2)
+            opt_state.setdefault(int(pid), {})[name] = value
+        try:
+            opt.load_state_dict({"state": opt_state, "param_groups": saved_groups})
+        except (ValueError, KeyError) as e:
+            raise CheckpointError(f"{path}: optimizer state does not fit: {e}") from None
+        rng = read_tensors(path / "rng.safetensors")
+        torch.set_rng_state(rng["torch_cpu"])
+        if "torch_cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["torch_cuda"])
+        self.iteration = int(state["iteration"])
+        self.learner.skipped_steps = int(state.get("skipped_steps", 0))
+
+    # ------------------------------------------------------------------------------------------------
+    # Logging
+    # ------------------------------------------------------------------------------------------------
+    def _record(self, metrics: dict) -> None:
+        self.history.append(metrics)
+        with open(self.run_dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(metrics) + "\n")
+        if self.cfg.tensorboard:
+            if self._tb is None:
+                try:
+                    from torch.utils.tensorboard import SummaryWriter
+
+                    self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+                except ImportError:
+                    self.log("tensorboard is not installed; logging to metrics.jsonl only")
+                    self._tb = False
+            if self._tb:
+                step = int(metrics.get("time/env_steps", 0))
+                for k, v in metrics.items():
+                    if isinstance(v, (int, float)) and "/" in k and math.isfinite(v):
+                        self._tb.add_scalar(k, v, step)
+                self._tb.flush()
+
+    def _summary(self, m: dict) -> str:
+        parts = [f"iter {m['iteration']:>4}"]
+        for key, label in [("rollout/success_once", "succ"), ("rollout/return", "ret"),
+                           ("eval/success_once", "EVAL"), ("losses/policy", "pg"), ("losses/value", "vf"),
+                           ("losses/approx_kl", "kl"), ("losses/clipfrac", "clip"),
+                           ("time/env_steps_per_s", "sps"), ("time/peak_memory_mb", "MB")]:
+            if key in m and m[key] is not None:
+                parts.append(f"{label} {m[key]:.3g}")
+        return " | ".join(parts)
+
+    def evaluate(self) -> dict[str, float]:
+        return evaluate(self.actor, self.eval_env, num_episodes=self.cfg.eval_episodes,
+                        sampler=replace(self.cfg.sampler, method="ode"), execute=self.cfg.execute,
+                        seed=self.cfg.eval_seed)
+
+    # ------------------------------------------------------------------------------------------------
+    # The loop
+    # ------------------------------------------------------------------------------------------------
+    def run(self) -> list[dict]:
+        cfg = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.run_dir / "config.yaml", "w") as f:
+            import yaml
+
+            yaml.safe_dump(to_dict(cfg), f, sort_keys=False)
+        env_steps = sum(int(h.get("time/env_steps_iter", 0)) for h in self.history)
+        if self.iteration == 0 and not self.history:
+            m = {"iteration": 0, "time/env_steps": 0, **self.evaluate()}
+            self.log(f"before RL: eval success {m['eval/success_once']:.3f} "
+                     f"(ODE, {cfg.eval_episodes} episodes)")
+            self._record(m)
+        bar = tqdm(range(self.iteration, cfg.iterations), desc="rl", disable=not cfg.progress, leave=False)
+        for it in bar:
+            t0 = time.perf_counter()
+            seed = _iteration_seed(cfg.seed, it)
+            obs = self.env.reset(seed=seed)
+            gen = torch.Generator(device=self.device).manual_seed(seed)
+            ro, _ = collect_rollout(self.actor, self.env, obs, num_chunks=cfg.rollout_chunks,
+                                    sampler=cfg.sampler, execute=cfg.execute, log_prob=cfg.ppo.log_prob,
+                                    generator=gen)
+            t_roll = time.perf_counter() - t0
+            metrics = self.learner.update(ro, iteration=it)
+            self.iteration = it + 1
+            env_steps += ro.env_steps
+            m = {"iteration": self.iteration, "time/env_steps": env_steps, "time/env_steps_iter": ro.env_steps}
+            eps = ro.episodes
+            if eps.get("success_once"):
+                k = len(eps["success_once"])
+                m["rollout/success_once"] = sum(eps["success_once"]) / k
+                m["rollout/return"] = sum(eps["return"]) / k
+                m["rollout/episode_length"] = sum(eps["length"]) / k
+                m["rollout/episodes"] = k
+            m["rollout/chunk_reward"] = float(ro.rewards.mean())
+            m.update(metrics)
+            if self.iteration % cfg.eval_every == 0 or self.iteration == cfg.iterations:
+                m.update(self.evaluate())
+            dt = time.perf_counter() - t0
+            m["time/env_steps_per_s"] = ro.env_steps / t_roll
+            m["time/iteration_s"] = dt
+            m["time/peak_memory_mb"] = _peak_memory_mb(self.device)
+            self._record(m)
+            self.log(self._summary(m))
+            if self.iteration % cfg.save_every == 0 or self.iteration == cfg.iterations:
+                self.save()
+        if self._tb:
+            self._tb.close()
+        return self.history
+
+
+def latest_checkpoint(run_dir: Path) -> Path:
+    ckpts = sorted((run_dir / "checkpoints").glob(f"{CHECKPOINT_PREFIX}*"))
+    if not ckpts:
+        raise CheckpointError(f"no checkpoints under {run_dir / 'checkpoints'} to resume from")
+    return ckpts[-1]
+
+
+def resume_trainer(run_dir: str | Path, *, overrides: dict | None = None, log=print) -> Trainer:
+    """A trainer that continues ``run_dir`` from its newest checkpoint (``overrides`` may e.g. raise
+    ``iterations``). Metrics logged after that checkpoint are dropped and recomputed."""
+    run_dir = Path(run_dir)
+    ckpt = latest_checkpoint(run_dir)
+    from vla_rl.config import merge
+
+    raw = merge(read_yaml_file(ckpt / "train_config.yaml"), overrides or {})
+    cfg = from_dict(TrainConfig, raw)
+    trainer = Trainer(cfg, run_dir=run_dir, log=log)
+    trainer.load(ckpt)
+    metrics_path = run_dir / "metrics.jsonl"
+    if metrics_path.exists():
+        kept = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+        kept = [m for m in kept if m["iteration"] <= trainer.iteration]
+        metrics_path.write_text("".join(json.dumps(m) + "\n" for m in kept))
+        trainer.history = kept
+    return trainer
