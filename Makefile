@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install demo test test-slow lint bench clean
+.PHONY: install sims demo test test-slow lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,17 @@ $(VENV)/.installed: $(PY) pyproject.toml
 	$(PY) -m pip install --quiet -e ".[test]"
 	touch $@
 
-install: $(VENV)/.installed
+# Simulators (idempotent scripts; the stamps skip them once done). ManiSkill3: mani-skill + sapien pinned,
+# Mesa 25 lavapipe Vulkan unpacked into .cache/mesa25 (needs apt; see the script).
+$(VENV)/.maniskill: $(VENV)/.installed scripts/setup_maniskill.sh
+	PY=$(PY) bash scripts/setup_maniskill.sh
+	touch $@
+
+# LIBERO: added with its adapter (scripts/setup_libero.sh).
+
+sims: $(VENV)/.maniskill
+
+install: $(VENV)/.installed sims
 
 demo: install
 	$(VENV)/bin/vla-rl demo

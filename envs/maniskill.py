@@ -1,0 +1,419 @@
+"""ManiSkill3 adapter: any ManiSkill task behind the batched chunk-stepping interface of :mod:`envs.base`.
+
+Two ways to run it (``make_maniskill_env`` picks one from the device):
+
+- CPU: ManiSkill's CPU physics allows one env per process, so :class:`ManiSkillSingleEnv` (one env,
+  numpy in / numpy out) runs inside the worker processes of :class:`envs.workers.WorkerVectorEnv`.
+- GPU: :class:`ManiSkillGPUEnv` runs ``num_envs`` envs in one process with ``physx_cuda`` and
+  implements the batched interface directly, with ManiSkill's own partial reset.
+
+Observations: ``images`` uint8 ``[C, S, S, 3]`` (``C = 0`` for ``obs_mode="state"``), ``state`` float32
+``[D]``, ``instruction`` str. ``state`` is ManiSkill's flat privileged state vector for ``"state"`` and
+``"rgb+state"``; for ``"rgb"`` it is proprioception plus task extras (agent qpos, qvel, tcp pose, is_grasped,
+goal position ...: every non-camera entry of ManiSkill's rgb observation, flattened in sorted key order).
+
+Actions: ManiSkill's own (``pd_ee_delta_pose``: 3 position deltas, 3 rotation deltas, gripper; all in
+[-1, 1]). Gripper sign: +1 opens, -1 closes (LIBERO is the other way round).
+
+Episodes end by ``terminated`` (ManiSkill: success, or failure where a task defines one) or by the time
+limit, counted here (``max_episode_steps``, default: the task's registered limit).
+
+Glossary: N envs, H actions per chunk, A action dims, C cameras, S image size, D state dims.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .base import ChunkStep, EnvSpec, EpisodeTracker, check_action_chunk
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LAVAPIPE_ICD = REPO_ROOT / ".cache" / "mesa25" / "lvp_icd.x86_64.json"
+SETUP_HINT = ("run `make sims` (or `PY=.venv/bin/python bash scripts/setup_maniskill.sh`) to install "
+              "mani-skill 3.0.1 / sapien 3.0.3 and the Mesa 25 lavapipe Vulkan driver")
+NVIDIA_ICDS = ("/usr/share/vulkan/icd.d/nvidia_icd.json", "/etc/vulkan/icd.d/nvidia_icd.json")
+
+INSTRUCTIONS = {
+    "PickCube": "pick up the red cube and move it to the goal position",
+    "PushCube": "push the cube onto the red and white target",
+    "StackCube": "stack the red cube on top of the green cube",
+    "PullCube": "pull the cube back onto the red and white target",
+    "LiftPegUpright": "lift the peg and stand it upright on the table",
+    "PegInsertionSide": "pick up the peg and insert its orange end into the hole in the box",
+    "PlaceSphere": "place the sphere into the shallow bin",
+    "PokeCube": "use the peg to poke the red cube to the goal",
+    "PullCubeTool": "use the L-shaped tool to pull the cube closer",
+    "PushT": "push the T-shaped block onto the T-shaped target",
+    "RollBall": "push the ball so that it rolls to the red and white target",
+    "PlugCharger": "plug the charger into the receptacle",
+}
+
+OBS_MODES = ("state", "rgb", "rgb+state")
+REWARDS = {"sparse": "sparse", "dense": "normalized_dense"}
+SIM_BACKENDS = ("auto", "cpu", "gpu")
+
+
+def _base_name(task: str) -> str:
+    return re.sub(r"-v\d+$", "", task)
+
+
+def default_instruction(task: str) -> str:
+    """The instruction of ``task``: from :data:`INSTRUCTIONS`, else the words of the task id
+    (``"OpenCabinetDrawer-v1"`` -> ``"open cabinet drawer"``)."""
+    base = _base_name(task)
+    if base in INSTRUCTIONS:
+        return INSTRUCTIONS[base]
+    words = re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+", base)
+    return " ".join(w.lower() for w in words) or task
+
+
+@dataclass(frozen=True)
+class ManiSkillConfig:
+    """One ManiSkill task and how to observe / reward it."""
+
+    task: str = "PickCube-v1"                          # any ManiSkill env id
+    control_mode: str = "pd_ee_delta_pose"
+    obs_mode: Literal["state", "rgb", "rgb+state"] = "state"
+    reward: Literal["sparse", "dense"] = "sparse"      # dense = ManiSkill's "normalized_dense"
+    image_size: int = 64                               # camera images are S x S
+    max_episode_steps: int | None = None               # None: the task's registered limit
+    instruction: str | None = None                     # None: default_instruction(task)
+    sim_backend: Literal["auto", "cpu", "gpu"] = "auto"  # auto: gpu on a cuda device, else cpu
+    render_size: int = 256                             # render_frame() size (videos)
+
+    def __post_init__(self):
+        if self.obs_mode not in OBS_MODES:
+            raise ValueError(f"obs_mode must be one of {OBS_MODES}, got {self.obs_mode!r}")
+        if self.reward not in REWARDS:
+            raise ValueError(f"reward must be one of {tuple(REWARDS)}, got {self.reward!r}")
+        if self.sim_backend not in SIM_BACKENDS:
+            raise ValueError(f"sim_backend must be one of {SIM_BACKENDS}, got {self.sim_backend!r}")
+        if self.image_size < 1 or self.render_size < 1:
+            raise ValueError(f"image_size and render_size must be >= 1, got {self.image_size}, "
+                             f"{self.render_size}")
+        if self.max_episode_steps is not None and self.max_episode_steps < 1:
+            raise ValueError(f"max_episode_steps must be >= 1 or None, got {self.max_episode_steps}")
+
+    @property
+    def task_instruction(self) -> str:
+        return self.instruction if self.instruction is not None else default_instruction(self.task)
+
+    @property
+    def uses_cameras(self) -> bool:
+        return self.obs_mode != "state"
+
+
+# ----------------------------------------------------------------------------------------------------
+def ensure_vulkan(lavapipe: bool = True) -> None:
+    """Import ManiSkill with a working Vulkan driver selected.
+
+    With ``lavapipe`` (CPU machines) ``VK_ICD_FILENAMES`` defaults to the Mesa 25 lavapipe unpacked by
+    ``scripts/setup_maniskill.sh``; Debian's own Mesa 22 is too old. A value already set is kept.
+    """
+    if lavapipe and LAVAPIPE_ICD.is_file():
+        os.environ.setdefault("VK_ICD_FILENAMES", str(LAVAPIPE_ICD))
+    try:
+        import mani_skill.envs  # noqa: F401  (registers the tasks with gymnasium)
+        import sapien  # noqa: F401
+    except ImportError as e:
+        raise RuntimeError(f"ManiSkill3 is not installed ({e}); {SETUP_HINT}") from e
+
+
+def _vulkan_error(e: Exception) -> bool:
+    msg = str(e).lower()
+    return any(k in msg for k in ("vulkan", "physical device", "vk_", "icd"))
+
+
+def check_task(task: str) -> None:
+    """Raise ValueError when ``task`` is not a registered ManiSkill env, or needs missing assets."""
+    import gymnasium as gym
+    from mani_skill.utils.registration import REGISTERED_ENVS
+
+    if task not in REGISTERED_ENVS:
+        names = sorted(REGISTERED_ENVS) or sorted(gym.registry)
+        close = difflib.get_close_matches(task, names, n=5, cutoff=0.5)
+        close += [n for n in names if _base_name(n).lower() == _base_name(task).lower() and n not in close]
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"unknown ManiSkill task {task!r}{hint} ({len(names)} tasks are registered)")
+    from mani_skill.utils import assets
+
+    missing = []
+    for asset_id in REGISTERED_ENVS[task].asset_download_ids or []:
+        ids = (assets.expand_data_group_into_individual_data_source_ids(asset_id)
+               if asset_id in assets.DATA_GROUPS else [asset_id])
+        missing += [i for i in ids if not assets.is_data_source_downloaded(i)]
+    if missing:
+        # ManiSkill would prompt on stdin (and exit) here, which hangs a worker process.
+        raise ValueError(f"ManiSkill task {task!r} needs assets that are not downloaded: "
+                         f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} "
+                         f"(python -m mani_skill.utils.download_asset {task})")
+
+
+def task_max_episode_steps(task: str) -> int:
+    from mani_skill.utils.registration import REGISTERED_ENVS
+
+    steps = REGISTERED_ENVS[task].max_episode_steps
+    if steps is None:
+        raise ValueError(f"ManiSkill task {task!r} has no registered time limit: set max_episode_steps")
+    return int(steps)
+
+
+def _make(cfg: ManiSkillConfig, num_envs: int, gpu: bool):
+    import gymnasium as gym
+
+    kwargs = dict(obs_mode=cfg.obs_mode, control_mode=cfg.control_mode, reward_mode=REWARDS[cfg.reward],
+                  num_envs=num_envs, render_mode="rgb_array",
+                  sim_backend="physx_cuda" if gpu else "physx_cpu",
+                  render_backend="sapien_cuda" if gpu else "sapien_cpu",
+                  human_render_camera_configs=dict(width=cfg.render_size, height=cfg.render_size))
+    if cfg.uses_cameras:
+        kwargs["sensor_configs"] = dict(width=cfg.image_size, height=cfg.image_size)
+    try:
+        return gym.make(cfg.task, **kwargs)
+    except Exception as e:
+        if _vulkan_error(e):
+            raise RuntimeError(f"ManiSkill could not start Vulkan ({e}); "
+                               f"VK_ICD_FILENAMES={os.environ.get('VK_ICD_FILENAMES')!r}; {SETUP_HINT}") from e
+        raise
+
+
+def _flatten(d: dict, out: list[Tensor]) -> None:
+    for key in sorted(d):
+        v = d[key]
+        if isinstance(v, dict):
+            _flatten(v, out)
+        else:
+            out.append(v.reshape(v.shape[0], -1).float())
+
+
+def _convert_obs(raw, cfg: ManiSkillConfig, cameras: list[str]) -> tuple[Tensor, Tensor]:
+    """ManiSkill's batched observation -> (images ``[N, C, S, S, 3]`` uint8, state ``[N, D]`` float32)."""
+    if cfg.obs_mode == "state":
+        state = raw.float()
+        images = torch.zeros(state.shape[0], 0, cfg.image_size, cfg.image_size, 3, dtype=torch.uint8,
+                             device=state.device)
+        return images, state
+    images = torch.stack([raw["sensor_data"][c]["rgb"] for c in cameras], dim=1)
+    if cfg.obs_mode == "rgb+state":
+        return images, raw["state"].float()
+    parts: list[Tensor] = []
+    _flatten({k: v for k, v in raw.items() if k not in ("sensor_data", "sensor_param")}, parts)
+    return images, torch.cat(parts, dim=1)
+
+
+def _camera_names(raw, cfg: ManiSkillConfig) -> list[str]:
+    if not cfg.uses_cameras:
+        return []
+    return [c for c, d in raw["sensor_data"].items() if "rgb" in d]
+
+
+def _action_bounds(space) -> tuple[float, float]:
+    return float(np.min(space.low)), float(np.max(space.high))
+
+
+# ----------------------------------------------------------------------------------------------------
+class ManiSkillSingleEnv:
+    """One ManiSkill env on the CPU backend, numpy in / numpy out (the single-env protocol of
+    :mod:`envs.workers`). ManiSkill allows one such env per process."""
+
+    def __init__(self, cfg: ManiSkillConfig):
+        self.cfg = cfg
+        ensure_vulkan()
+        check_task(cfg.task)
+        self.max_episode_steps = cfg.max_episode_steps or task_max_episode_steps(cfg.task)
+        self.env = _make(cfg, 1, gpu=False)
+        self.instruction = cfg.task_instruction
+        space = self.env.action_space
+        low, high = _action_bounds(space)
+        self._low, self._high = np.asarray(space.low, np.float32), np.asarray(space.high, np.float32)
+        raw, _ = self.env.reset(seed=0)                      # probe the observation layout
+        self.cameras = _camera_names(raw, cfg)
+        _, state = _convert_obs(raw, cfg, self.cameras)
+        self.spec = EnvSpec(num_envs=1, action_dim=int(space.shape[-1]), state_dim=int(state.shape[1]),
+                            num_cameras=len(self.cameras), image_size=cfg.image_size,
+                            max_episode_steps=self.max_episode_steps, action_low=low, action_high=high)
+        self._t = 0
+
+    def _obs(self, raw) -> dict:
+        images, state = _convert_obs(raw, self.cfg, self.cameras)
+        return {"images": images[0].numpy().copy(), "state": state[0].numpy().astype(np.float32, copy=True),
+                "instruction": self.instruction}
+
+    def reset(self, seed: int | None = None) -> dict:
+        """Start an episode; the same seed gives the same episode."""
+        raw, _ = self.env.reset(seed=seed)
+        self._t = 0
+        return self._obs(raw)
+
+    def step(self, action: np.ndarray) -> tuple[dict, float, bool, bool, bool]:
+        """One action ``[A]`` -> (obs, reward, terminated, truncated, success)."""
+        a = np.asarray(action, dtype=np.float32)
+        if a.shape != (self.spec.action_dim,):
+            raise ValueError(f"action must have shape ({self.spec.action_dim},), got {a.shape}")
+        if not np.isfinite(a).all():
+            raise ValueError("action contains NaN or inf")
+        tol = 1e-4
+        if (a < self._low - tol).any() or (a > self._high + tol).any():
+            raise ValueError(f"action out of range [{self.spec.action_low}, {self.spec.action_high}]: {a}")
+        raw, reward, terminated, _, info = self.env.step(a)
+        self._t += 1
+        terminated = bool(terminated.reshape(-1)[0])
+        success = bool(info["success"].reshape(-1)[0]) if "success" in info else terminated
+        truncated = not terminated and self._t >= self.max_episode_steps
+        return self._obs(raw), float(reward.reshape(-1)[0]), terminated, truncated, success
+
+    def render_frame(self) -> np.ndarray:
+        """An RGB frame ``[H, W, 3]`` uint8 from ManiSkill's human-view camera (``render_size``)."""
+        frame = self.env.render()
+        if isinstance(frame, Tensor):
+            frame = frame.cpu().numpy()
+        return np.asarray(frame).reshape(-1, *np.asarray(frame).shape[-3:])[0]
+
+    def close(self) -> None:
+        if getattr(self, "env", None) is not None:
+            self.env.close()
+            self.env = None
+
+
+# ----------------------------------------------------------------------------------------------------
+class ManiSkillGPUEnv:
+    """``num_envs`` ManiSkill envs in one process on ``physx_cuda``; the batched interface of
+    :mod:`envs.base`.
+
+    All envs step together on the GPU, so an env whose episode ends inside a chunk cannot be paused:
+    it is fed zero actions for the rest of the chunk, its rewards are masked, its final observation is
+    recorded at the step it ended, and it is reset (ManiSkill partial reset) after the chunk.
+    """
+
+    def __init__(self, cfg: ManiSkillConfig, num_envs: int, *, device="cuda", seed: int = 0):
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        self.device = torch.device(device)
+        if self.device.type != "cuda" or not torch.cuda.is_available():
+            raise RuntimeError(f"ManiSkillGPUEnv needs a CUDA device, got {device!r} "
+                               f"(cuda available: {torch.cuda.is_available()})")
+        self.cfg, self.seed = cfg, seed
+        # Keep the NVIDIA Vulkan driver where there is one; lavapipe otherwise (state obs still work).
+        ensure_vulkan(lavapipe=not any(os.path.isfile(p) for p in NVIDIA_ICDS))
+        check_task(cfg.task)
+        self.max_episode_steps = cfg.max_episode_steps or task_max_episode_steps(cfg.task)
+        self.env = _make(cfg, num_envs, gpu=True)
+        base = self.env.unwrapped
+        space = base.single_action_space
+        low, high = _action_bounds(space)
+        raw, _ = self.env.reset(seed=[seed + i for i in range(num_envs)])
+        self.cameras = _camera_names(raw, cfg)
+        _, state = _convert_obs(raw, cfg, self.cameras)
+        self.spec = EnvSpec(num_envs=num_envs, action_dim=int(space.shape[-1]), state_dim=int(state.shape[1]),
+                            num_cameras=len(self.cameras), image_size=cfg.image_size,
+                            max_episode_steps=self.max_episode_steps, action_low=low, action_high=high)
+        self._t = torch.zeros(num_envs, dtype=torch.long, device=self.device)
+        self._idle = torch.zeros(num_envs, self.spec.action_dim, device=self.device)
+        self.tracker = EpisodeTracker(num_envs, self.device)
+        self.instructions = [cfg.task_instruction] * num_envs
+
+    @property
+    def num_envs(self) -> int:
+        return self.spec.num_envs
+
+    def _observe(self, raw) -> dict:
+        images, state = _convert_obs(raw, self.cfg, self.cameras)
+        return {"images": images.to(self.device), "state": state.to(self.device),
+                "instruction": list(self.instructions)}
+
+    def reset(self, seed: int | None = None) -> dict:
+        """Reset every env; env ``i`` gets seed ``seed + i`` (default: the constructor's seed)."""
+        base = self.seed if seed is None else seed
+        raw, _ = self.env.reset(seed=[base + i for i in range(self.num_envs)])
+        self._t.zero_()
+        self.tracker = EpisodeTracker(self.num_envs, self.device)
+        return self._observe(raw)
+
+    def step(self, chunk: Tensor) -> ChunkStep:
+        """Execute up to H actions of ``chunk`` ``[N, H, A]`` per env (see :mod:`envs.base`)."""
+        chunk = check_action_chunk(chunk, self.spec, device=self.device)
+        n, horizon = chunk.shape[:2]
+        dev = self.device
+        rewards = torch.zeros(n, horizon, device=dev)
+        active = torch.ones(n, dtype=torch.bool, device=dev)
+        terminated = torch.zeros(n, dtype=torch.bool, device=dev)
+        truncated = torch.zeros_like(terminated)
+        success = torch.zeros_like(terminated)
+        steps = torch.zeros(n, dtype=torch.long, device=dev)
+        final = None
+        raw = None
+        for h in range(horizon):
+            action = torch.where(active[:, None], chunk[:, h], self._idle)
+            raw, r, term, _, info = self.env.step(action)
+            r = r.to(dev).float().reshape(n)
+            term = term.to(dev).bool().reshape(n)
+            succ = info["success"].to(dev).bool().reshape(n) if "success" in info else term
+            self._t += active.long()
+            rewards[:, h] = r * active
+            self.tracker.update(r, succ, active)
+            steps += active.long()
+            success = torch.where(active, succ, success)
+            new_term = term & active
+            new_trunc = (self._t >= self.max_episode_steps) & active & ~term
+            ended = new_term | new_trunc
+            terminated |= new_term
+            truncated |= new_trunc
+            if bool(ended.any()):
+                obs = self._observe(raw)
+                if final is None:
+                    final = {k: obs[k].clone() for k in ("images", "state")}
+                else:
+                    for k in ("images", "state"):
+                        final[k][ended] = obs[k][ended]
+            active &= ~ended
+            if not bool(active.any()):
+                break
+        done = terminated | truncated
+        final_obs, episodes = None, {}
+        if bool(done.any()):
+            final_obs = {**final, "instruction": list(self.instructions)}
+            episodes = self.tracker.finish(done, success)
+            idx = done.nonzero(as_tuple=True)[0]
+            raw, _ = self.env.reset(options={"env_idx": idx})
+            self._t[idx] = 0
+        return ChunkStep(obs=self._observe(raw), rewards=rewards, terminated=terminated, truncated=truncated,
+                         success=success, steps=steps, final_obs=final_obs, episodes=episodes)
+
+    def render(self) -> Tensor:
+        """RGB frames ``[N, H, W, 3]`` uint8 of ManiSkill's human-view camera."""
+        return self.env.render()
+
+    def close(self) -> None:
+        if getattr(self, "env", None) is not None:
+            self.env.close()
+            self.env = None
+
+
+# ----------------------------------------------------------------------------------------------------
+def make_maniskill_env(cfg: ManiSkillConfig, num_envs: int, device="cpu", seed: int = 0):
+    """``num_envs`` envs of ``cfg.task``: on a cuda device (or ``sim_backend="gpu"``) one
+    :class:`ManiSkillGPUEnv`, else a :class:`envs.workers.WorkerVectorEnv` of CPU single envs (one
+    process each; their observations are CPU tensors)."""
+    device = torch.device(device)
+    backend = cfg.sim_backend
+    if backend == "auto":
+        backend = "gpu" if device.type == "cuda" else "cpu"
+    if backend == "gpu":
+        if device.type != "cuda":
+            raise ValueError(f"sim_backend='gpu' needs a cuda device, got {str(device)!r}")
+        return ManiSkillGPUEnv(cfg, num_envs, device=device, seed=seed)
+    import functools
+
+    from .workers import WorkerVectorEnv
+
+    return WorkerVectorEnv(functools.partial(ManiSkillSingleEnv, cfg), num_envs, seed=seed,
+                           name=f"maniskill-{_base_name(cfg.task)}")

@@ -1,0 +1,271 @@
+"""ManiSkill3 adapter tests (CPU single env; worker pool and GPU env under the slow / gpu markers).
+
+ManiSkill must be installed (`make sims`): without it these tests fail, unless VLA_RL_SKIP_SIMULATORS=1.
+Envs are shared per module: creating one costs seconds, the first camera image of a process ~10 s.
+"""
+
+import importlib.util
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+from contract import check_env_contract
+
+from vla_rl.envs.maniskill import (
+    INSTRUCTIONS,
+    LAVAPIPE_ICD,
+    ManiSkillConfig,
+    ManiSkillSingleEnv,
+    default_instruction,
+    ensure_vulkan,
+    make_maniskill_env,
+)
+
+SKIP = os.environ.get("VLA_RL_SKIP_SIMULATORS") == "1"
+sim = pytest.mark.skipif(SKIP and importlib.util.find_spec("mani_skill") is None,
+                         reason="ManiSkill not installed and VLA_RL_SKIP_SIMULATORS=1")
+
+
+@pytest.fixture(scope="module")
+def pick():
+    env = ManiSkillSingleEnv(ManiSkillConfig(task="PickCube-v1"))
+    yield env
+    env.close()
+
+
+@pytest.fixture(scope="module")
+def push_dense():
+    env = ManiSkillSingleEnv(ManiSkillConfig(task="PushCube-v1", reward="dense", max_episode_steps=5))
+    yield env
+    env.close()
+
+
+def _rollout(env, seed, actions):
+    obs = [env.reset(seed)]
+    out = []
+    for a in actions:
+        o, *rest = env.step(a)
+        obs.append(o)
+        out.append(rest)
+    return obs, out
+
+
+# ---------------------------------------------------------------------------------------------- config
+def test_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="obs_mode"):
+        ManiSkillConfig(obs_mode="depth")
+    with pytest.raises(ValueError, match="reward"):
+        ManiSkillConfig(reward="normalized_dense")
+    with pytest.raises(ValueError, match="sim_backend"):
+        ManiSkillConfig(sim_backend="tpu")
+    with pytest.raises(ValueError, match="max_episode_steps"):
+        ManiSkillConfig(max_episode_steps=0)
+
+
+def test_instructions_default_per_task_and_fall_back_to_the_task_words():
+    assert ManiSkillConfig(task="StackCube-v1").task_instruction == INSTRUCTIONS["StackCube"]
+    assert ManiSkillConfig(task="PickCube-v1", instruction="grab it").task_instruction == "grab it"
+    assert default_instruction("OpenCabinetDrawer-v1") == "open cabinet drawer"
+    assert default_instruction("PushT-v1") == INSTRUCTIONS["PushT"]
+    assert all(v for v in INSTRUCTIONS.values())
+
+
+def test_gpu_backend_on_a_cpu_device_is_an_error():
+    with pytest.raises(ValueError, match="cuda"):
+        make_maniskill_env(ManiSkillConfig(sim_backend="gpu"), 2, device="cpu")
+
+
+# ---------------------------------------------------------------------------------------------- setup
+@sim
+def test_ensure_vulkan_points_at_the_project_lavapipe(monkeypatch):
+    monkeypatch.delenv("VK_ICD_FILENAMES", raising=False)
+    ensure_vulkan()
+    assert LAVAPIPE_ICD.is_file(), "run scripts/setup_maniskill.sh"
+    assert os.environ["VK_ICD_FILENAMES"] == str(LAVAPIPE_ICD)
+    monkeypatch.setenv("VK_ICD_FILENAMES", "/somewhere/else.json")
+    ensure_vulkan()
+    assert os.environ["VK_ICD_FILENAMES"] == "/somewhere/else.json"  # a user's choice is kept
+
+
+def test_missing_maniskill_names_the_setup_script(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mani_skill.envs", None)  # makes `import mani_skill.envs` fail
+    with pytest.raises(RuntimeError, match="setup_maniskill.sh"):
+        ensure_vulkan()
+
+
+@sim
+def test_unknown_task_suggests_similar_ids():
+    with pytest.raises(ValueError, match=r"unknown ManiSkill task 'PickCub-v1'.*PickCube-v1"):
+        ManiSkillSingleEnv(ManiSkillConfig(task="PickCub-v1"))
+    with pytest.raises(ValueError, match=r"'PushCube'.*PushCube-v1"):
+        ManiSkillSingleEnv(ManiSkillConfig(task="PushCube"))
+
+
+# ---------------------------------------------------------------------------------------------- single env
+@sim
+def test_spec_and_shapes_state_obs(pick):
+    s = pick.spec
+    assert (s.num_envs, s.action_dim, s.state_dim, s.num_cameras) == (1, 7, 42, 0)
+    assert (s.action_low, s.action_high, s.max_episode_steps) == (-1.0, 1.0, 50)
+    obs = pick.reset(0)
+    assert obs["images"].shape == (0, 64, 64, 3) and obs["images"].dtype == np.uint8
+    assert obs["state"].shape == (42,) and obs["state"].dtype == np.float32
+    assert obs["instruction"] == INSTRUCTIONS["PickCube"]
+    obs, r, term, trunc, succ = pick.step(np.zeros(7, np.float32))
+    assert obs["state"].shape == (42,) and np.isfinite(obs["state"]).all()
+    assert isinstance(r, float) and all(isinstance(x, bool) for x in (term, trunc, succ))
+
+
+@sim
+def test_state_dims_differ_per_task(pick, push_dense):
+    assert pick.spec.state_dim == 42
+    assert push_dense.spec.state_dim == 35
+    assert push_dense.reset(0)["state"].shape == (35,)
+
+
+@sim
+def test_same_seed_same_episode(pick):
+    actions = np.random.default_rng(0).uniform(-1, 1, (5, 7)).astype(np.float32)
+    obs_a, out_a = _rollout(pick, 7, actions)
+    obs_b, out_b = _rollout(pick, 7, actions)
+    for a, b in zip(obs_a, obs_b):
+        np.testing.assert_array_equal(a["state"], b["state"])
+    assert out_a == out_b
+    other = pick.reset(8)["state"]
+    assert not np.array_equal(other, obs_a[0]["state"])
+
+
+@sim
+def test_sparse_reward_is_success_and_dense_is_shaped(pick, push_dense):
+    pick.reset(0)
+    for _ in range(3):
+        _, r, _, _, succ = pick.step(np.zeros(7, np.float32))
+        assert r == float(succ)
+    push_dense.reset(0)
+    rewards = [push_dense.step(np.full(7, 0.3, np.float32))[1] for _ in range(3)]
+    assert all(0.0 < r <= 1.0 for r in rewards) and len(set(rewards)) == 3
+
+
+@sim
+def test_truncation_at_max_episode_steps(push_dense):
+    push_dense.reset(1)
+    flags = [push_dense.step(np.zeros(7, np.float32))[2:4] for _ in range(5)]
+    assert flags == [(False, False)] * 4 + [(False, True)]
+    push_dense.reset(1)  # a reset starts the count again
+    assert push_dense.step(np.zeros(7, np.float32))[3] is False
+
+
+@sim
+def test_bad_actions_are_errors(pick):
+    pick.reset(0)
+    with pytest.raises(ValueError, match="shape"):
+        pick.step(np.zeros(6, np.float32))
+    with pytest.raises(ValueError, match="shape"):
+        pick.step(np.zeros((1, 7), np.float32))
+    with pytest.raises(ValueError, match="NaN"):
+        pick.step(np.full(7, np.nan, np.float32))
+    with pytest.raises(ValueError, match="out of range"):
+        pick.step(np.full(7, 2.0, np.float32))
+
+
+@sim
+def test_rgb_obs_images_and_proprio_state():
+    env = ManiSkillSingleEnv(ManiSkillConfig(task="PickCube-v1", obs_mode="rgb", image_size=64))
+    try:
+        assert (env.spec.num_cameras, env.spec.image_size) == (1, 64)
+        assert env.spec.state_dim == 29  # qpos 9 + qvel 9 + goal_pos 3 + is_grasped 1 + tcp_pose 7
+        obs = env.reset(0)
+        assert obs["images"].shape == (1, 64, 64, 3) and obs["images"].dtype == np.uint8
+        assert obs["images"].std() > 5  # a rendered scene, not a blank frame
+        assert obs["state"].shape == (29,) and obs["state"].dtype == np.float32
+        obs2, *_ = env.step(np.zeros(7, np.float32))
+        assert obs2["images"].shape == (1, 64, 64, 3)
+    finally:
+        env.close()
+
+
+# ---------------------------------------------------------------------------------------------- slow
+@sim
+@pytest.mark.slow
+def test_rgb_state_mode_and_render_frame():
+    env = ManiSkillSingleEnv(ManiSkillConfig(task="StackCube-v1", obs_mode="rgb+state", image_size=32,
+                                             render_size=96))
+    try:
+        assert env.cameras == ["base_camera", "hand_camera"]  # StackCube has a wrist camera too
+        obs = env.reset(3)
+        assert obs["images"].shape == (2, 32, 32, 3)
+        assert obs["state"].shape == (env.spec.state_dim,) and env.spec.state_dim > 29
+        again = env.reset(3)
+        np.testing.assert_array_equal(obs["images"], again["images"])
+        frame = env.render_frame()
+        assert frame.shape == (96, 96, 3) and frame.dtype == np.uint8
+    finally:
+        env.close()
+
+
+@sim
+@pytest.mark.slow
+@pytest.mark.parametrize("obs_mode", ["state", "rgb"])
+def test_worker_pool_passes_the_contract(obs_mode):
+    cfg = ManiSkillConfig(task="PushCube-v1", obs_mode=obs_mode, image_size=32, max_episode_steps=6)
+    env = make_maniskill_env(cfg, 2, seed=0)
+    try:
+        check_env_contract(env, horizon=4)
+        assert env.spec.num_envs == 2
+        obs = env.reset(seed=0)
+        assert not torch.equal(obs["state"][0], obs["state"][1])  # env i gets seed + i
+        local = ManiSkillSingleEnv(cfg)
+        np.testing.assert_array_equal(obs["state"][1].numpy(), local.reset(1)["state"])
+        local.close()
+    finally:
+        env.close()
+
+
+@sim
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["StackCube-v1", "PullCube-v1", "LiftPegUpright-v1", "PegInsertionSide-v1",
+                                  "PlaceSphere-v1", "PokeCube-v1", "PullCubeTool-v1", "PushT-v1",
+                                  "RollBall-v1", "PlugCharger-v1"])
+def test_other_tasks_create_and_step(task):
+    env = ManiSkillSingleEnv(ManiSkillConfig(task=task))
+    try:
+        obs = env.reset(0)
+        assert obs["state"].shape == (env.spec.state_dim,)
+        assert obs["instruction"] == INSTRUCTIONS[task.split("-")[0]]
+        a = np.zeros(env.spec.action_dim, np.float32)
+        assert np.isfinite(env.step(a)[0]["state"]).all()
+    finally:
+        env.close()
+
+
+# ---------------------------------------------------------------------------------------------- gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("obs_mode", ["state", "rgb"])
+def test_gpu_env_passes_the_contract(obs_mode):
+    cfg = ManiSkillConfig(task="PickCube-v1", obs_mode=obs_mode, max_episode_steps=6)
+    env = make_maniskill_env(cfg, 8, device="cuda", seed=0)
+    try:
+        assert type(env).__name__ == "ManiSkillGPUEnv"
+        check_env_contract(env, horizon=4)
+        obs = env.reset(seed=0)
+        assert obs["state"].device.type == "cuda" and obs["images"].device.type == "cuda"
+    finally:
+        env.close()
+
+
+@pytest.mark.gpu
+def test_gpu_env_partial_reset_keeps_the_others():
+    cfg = ManiSkillConfig(task="PickCube-v1", max_episode_steps=3)
+    env = make_maniskill_env(cfg, 4, device="cuda", seed=0)
+    try:
+        env.reset(seed=0)
+        env.step(torch.zeros(4, 2, 7, device="cuda"))
+        # two more steps end every episode at step 3: one action executed, the rest ignored
+        out = env.step(torch.zeros(4, 4, 7, device="cuda"))
+        assert out.truncated.all() and (out.steps == 1).all()
+        assert (out.rewards[:, 1:] == 0).all()
+        assert (out.episodes["length"] == 3).all()
+    finally:
+        env.close()
