@@ -34,8 +34,7 @@ class ColorReachConfig:
     image_size: int = 32
     max_episode_steps: int = 32
     step_size: float = 0.08        # displacement of a full-scale action
-    success_radius: float = 0.07
-    target_half_size: float = 0.09
+    target_half_size: float = 0.12  # success: the agent's centre is on the goal square
     jitter: float = 0.25           # how far objects move around their quadrant centre
     reward: Literal["dense", "sparse"] = "dense"
     success_bonus: float = 1.0
@@ -125,7 +124,10 @@ class ColorReachEnv:
         return self.targets[torch.arange(self.num_envs, device=self.device), self.goal]
 
     def success(self) -> Tensor:
-        return (self.pos - self.goal_position()).norm(dim=1) < self.cfg.success_radius
+        return self._on_goal(self.pos)
+
+    def _on_goal(self, pos: Tensor) -> Tensor:
+        return ((pos - self.goal_position()).abs() < self.cfg.target_half_size).all(dim=1)
 
     # ------------------------------------------------------------------------------------------------
     def expert_action(self, noise: float = 0.0, generator: torch.Generator | None = None) -> Tensor:
@@ -158,7 +160,7 @@ class ColorReachEnv:
             self.last_action = torch.where(act, a, self.last_action)
             self.t += active.long()
             dist = (self.pos - goal).norm(dim=1)
-            succ = dist < cfg.success_radius
+            succ = self._on_goal(self.pos)
             if cfg.reward == "dense":
                 r = cfg.progress_scale * (prev_dist - dist) / cfg.step_size + cfg.success_bonus * succ
             else:

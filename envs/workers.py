@@ -23,7 +23,7 @@ import signal
 import traceback
 from collections.abc import Callable
 from dataclasses import replace
-from multiprocessing import resource_tracker, shared_memory
+from multiprocessing import shared_memory
 
 import numpy as np
 import torch
@@ -68,13 +68,9 @@ class _Buffers:
             if create:
                 shm = shared_memory.SharedMemory(create=True, size=size)
             else:
+                # Spawned workers share the parent's resource tracker, so attaching only re-registers
+                # the same name; the parent unlinks (and unregisters) it on close.
                 shm = shared_memory.SharedMemory(name=names[i])
-                # Only the creating process may unlink; stop this process's tracker from doing it
-                # (Python < 3.13 registers attached segments too and would unlink them at exit).
-                try:
-                    resource_tracker.unregister(shm._name, "shared_memory")
-                except Exception:
-                    pass
             self.shm.append(shm)
             self.arrays[key] = np.ndarray(shape, dtype=dtypes[key], buffer=shm.buf)
 

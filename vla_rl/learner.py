@@ -36,7 +36,7 @@ class PPOConfig:
     update_epochs: int = 4
     minibatches: int = 4
     grad_accum: int = 1
-    lr_actor: float = 3e-4
+    lr_actor: float = 2e-5  # small: Flow-Noise log-densities (std ~0.1) react strongly to the mean
     lr_critic: float = 1e-3
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0

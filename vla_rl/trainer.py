@@ -85,13 +85,18 @@ def make_env(cfg: EnvConfig, *, num_envs: int, device: torch.device, seed: int):
                               f"(got {sorted(cfg.options)})")
         return ColorReachEnv(num_envs, config=cfg.builtin, device=device, seed=seed)
     if cfg.kind == "maniskill":
-        from vla_rl.envs.maniskill import make_maniskill_env_from_options
+        from vla_rl.envs.maniskill import ManiSkillConfig, make_maniskill_env
 
-        return make_maniskill_env_from_options(cfg.options, num_envs=num_envs, device=device, seed=seed)
+        ms = from_dict(ManiSkillConfig, cfg.options, prefix="env.options")
+        return make_maniskill_env(ms, num_envs, device=device, seed=seed)
     if cfg.kind == "libero":
-        from vla_rl.envs.libero import make_libero_env_from_options
+        import functools
 
-        return make_libero_env_from_options(cfg.options, num_envs=num_envs, device=device, seed=seed)
+        from vla_rl.envs.libero import LiberoConfig, LiberoSingleEnv
+        from vla_rl.envs.workers import WorkerVectorEnv
+
+        lib = from_dict(LiberoConfig, cfg.options, prefix="env.options")
+        return WorkerVectorEnv(functools.partial(LiberoSingleEnv, lib), num_envs, seed=seed, name="libero")
     raise ConfigError(f"unknown env.kind {cfg.kind!r}")
 
 
