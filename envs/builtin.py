@@ -87,11 +87,17 @@ class ColorReachEnv:
         self.t[idx] = 0
 
     @torch.inference_mode()
-    def reset(self, seed: int | None = None) -> dict:
-        """Reset every env; ``seed`` reseeds the task generator (same seed, same episodes)."""
+    def reset(self, seed: int | None = None, *, group_size: int = 1) -> dict:
+        """Reset every env; ``seed`` reseeds the task generator (same seed, same episodes).
+
+        ``group_size`` g > 1 gives consecutive groups of g envs the same initial state (GRPO's groups)."""
         if seed is not None:
             self.gen.manual_seed(seed)
         self._randomize(torch.arange(self.num_envs, device=self.device))
+        if group_size > 1:
+            lead = torch.arange(self.num_envs, device=self.device) // group_size * group_size
+            for name in ("targets", "pos", "goal", "template", "last_action", "t"):
+                setattr(self, name, getattr(self, name)[lead].clone())
         self.tracker = EpisodeTracker(self.num_envs, self.device)
         return self.observe()
 

@@ -330,10 +330,10 @@ class ManiSkillGPUEnv:
         return {"images": images.to(self.device), "state": state.to(self.device),
                 "instruction": list(self.instructions)}
 
-    def reset(self, seed: int | None = None) -> dict:
-        """Reset every env; env ``i`` gets seed ``seed + i`` (default: the constructor's seed)."""
+    def reset(self, seed: int | None = None, *, group_size: int = 1) -> dict:
+        """Reset every env; env ``i`` gets seed ``seed + i // group_size`` (default seed: the constructor's)."""
         base = self.seed if seed is None else seed
-        raw, _ = self.env.reset(seed=[base + i for i in range(self.num_envs)])
+        raw, _ = self.env.reset(seed=[base + i // group_size for i in range(self.num_envs)])
         self._t.zero_()
         self.tracker = EpisodeTracker(self.num_envs, self.device)
         return self._observe(raw)

@@ -234,11 +234,12 @@ class WorkerVectorEnv:
                 "state": torch.from_numpy(self.bufs.arrays[p + "state"].copy()),
                 "instruction": list(instructions if instructions is not None else self._instr)}
 
-    def reset(self, seed: int | None = None) -> dict:
-        """Reset every env; env ``i`` gets seed ``seed + i`` (default: the constructor's seed)."""
+    def reset(self, seed: int | None = None, *, group_size: int = 1) -> dict:
+        """Reset every env; env ``i`` gets seed ``seed + i // group_size`` (default seed: the
+        constructor's), so ``group_size`` g > 1 makes groups of g envs start from the same state."""
         base = self.seed if seed is None else seed
         for i in range(self.num_envs):
-            self._send(i, ("reset", base + i))
+            self._send(i, ("reset", base + i // group_size))
         for i in range(self.num_envs):
             self._instr[i] = self._recv(i)[1]
         self.tracker = EpisodeTracker(self.num_envs, self.device)

@@ -94,3 +94,33 @@ def test_cli_train_and_eval(sft_checkpoint, tmp_path, capsys):
     rc = cli_main(["eval", str(out / "checkpoints" / "iter_000001"), "episodes=8", "num_envs=8"])
     assert rc == 0
     assert "eval/success_once" in capsys.readouterr().out
+
+
+def test_grpo_chunk_advantages_by_hand():
+    from vla_rl.learner import grpo_chunk_advantages
+    from vla_rl.rollout import Rollout
+
+    # 4 envs in 2 groups, 3 chunks. Env 0 succeeds at chunk 1 (return 1.5), env 1 never ends (return 0.3);
+    # group 1: both fail at chunk 0 (degenerate, filtered).
+    rewards = torch.tensor([[0.5, 0.1, 0.0, 0.0], [1.0, 0.1, 9.0, 9.0], [7.0, 0.1, 9.0, 9.0]])
+    term = torch.tensor([[False, False, True, True], [True, False, False, False], [False, False, False, False]])
+    success = torch.tensor([[False, False, False, False], [True, False, False, False], [False] * 4])
+    z = torch.zeros(3, 4)
+    ro = Rollout(obs={}, chain=z, stochastic=z, old_log_prob=z, entropy=z, values=z, rewards=rewards,
+                 terminated=term, truncated=torch.zeros_like(term), success=success, final_values=z,
+                 last_values=torch.zeros(4))
+    adv, mask = grpo_chunk_advantages(ro, group_size=2, filter_degenerate=True)
+    a = (1.5 - 0.9) / (0.6 + 1e-6)
+    torch.testing.assert_close(adv[:, 0], torch.tensor([a, a, 0.0]))
+    torch.testing.assert_close(adv[:, 1], torch.tensor([-a, -a, -a]))
+    assert mask[:, 0].tolist() == [True, True, False] and mask[:, 1].all() and not mask[:, 2:].any()
+
+
+def test_grpo_run_groups_envs_by_initial_state(sft_checkpoint, tmp_path):
+    cfg = config(sft_checkpoint, tmp_path / "grpo", iterations=1, env={"num_envs": 8},
+                 ppo={"algorithm": "grpo", "group_size": 4, "update_epochs": 1, "minibatches": 1})
+    trainer = Trainer(cfg, log=lambda *_: None)
+    obs = trainer.env.reset(seed=3, group_size=4)
+    assert torch.equal(obs["images"][0], obs["images"][3]) and not torch.equal(obs["images"][0], obs["images"][4])
+    history = trainer.run()
+    assert history[-1]["iteration"] == 1 and "train/samples" in history[-1]

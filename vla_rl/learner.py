@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -24,6 +25,11 @@ PREFIX_MODULES = ("patch_embed", "vision_pos", "vision_blocks", "vision_norm", "
 
 @dataclass(frozen=True)
 class PPOConfig:
+    # "ppo": GAE advantages from the critic; "grpo": group-normalised returns of each env's first episode,
+    # groups of `group_size` envs sharing an initial state (the env is reset with group_size).
+    algorithm: Literal["ppo", "grpo"] = "ppo"
+    group_size: int = 8
+    grpo_filter: bool = True
     gamma: float = 0.99
     lam: float = 0.95
     clip: float = 0.2
@@ -70,22 +76,29 @@ class Learner:
     def _field(self, prefix):
         return self.actor.model.field(prefix)
 
-    def compute_advantages(self, ro: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
+    def compute_advantages(self, ro: Rollout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Advantages, value targets and a mask of the samples that take part, all ``[T, N]``."""
         cfg = self.cfg
         adv, ret = adv_lib.gae(rewards=ro.rewards, values=ro.values, terminated=ro.terminated,
                                truncated=ro.truncated, final_values=ro.final_values, last_values=ro.last_values,
                                gamma=cfg.gamma, lam=cfg.lam)
-        if cfg.normalize_advantages:
+        mask = torch.ones_like(adv, dtype=torch.bool)
+        if cfg.algorithm == "grpo":
+            adv, mask = grpo_chunk_advantages(ro, group_size=cfg.group_size, filter_degenerate=cfg.grpo_filter)
+        elif cfg.normalize_advantages:
             adv = adv_lib.normalize(adv)
-        return adv, ret
+        return adv, ret, mask
 
     def update(self, ro: Rollout, *, iteration: int) -> dict[str, float]:
         """PPO epochs over ``ro``; returns averaged metrics (fixed names, see DESIGN.md)."""
         cfg, model = self.cfg, self.actor.model
-        adv, ret = self.compute_advantages(ro)
+        adv, ret, mask = self.compute_advantages(ro)
         t_len, n = ro.values.shape
-        total = t_len * n
-        flat = lambda x: x.reshape(total, *x.shape[2:])  # noqa: E731
+        flat = lambda x: x.reshape(t_len * n, *x.shape[2:])  # noqa: E731
+        valid = flat(mask).nonzero(as_tuple=True)[0]
+        total = valid.numel()
+        if total == 0:  # e.g. GRPO with every group all-success or all-failure: nothing to learn from
+            return {"train/samples": 0.0, "train/skipped_steps": float(self.skipped_steps)}
         obs = {k: flat(v) for k, v in ro.obs.items()}
         chain, stoch = flat(ro.chain), flat(ro.stochastic)
         old_lp, old_v, adv, ret = flat(ro.old_log_prob), flat(ro.values), flat(adv), flat(ret)
@@ -98,7 +111,7 @@ class Learner:
         epochs_run = 0
         for _ in range(cfg.update_epochs):
             epochs_run += 1
-            perm = torch.randperm(total, generator=gen).to(chain.device)
+            perm = valid[torch.randperm(total, generator=gen).to(valid.device)]
             epoch_kl = []
             for start in range(0, total, mb_size):
                 mb = perm[start:start + mb_size]
@@ -132,6 +145,7 @@ class Learner:
         out["losses/explained_variance"] = losses.explained_variance(flat(ro.values), ret)
         out["train/skipped_steps"] = float(self.skipped_steps)
         out["train/epochs"] = float(epochs_run)
+        out["train/samples"] = float(total)
         out["train/advantage_mean"] = float(adv.mean())
         return out
 
@@ -158,3 +172,23 @@ class Learner:
                 metrics["losses/entropy"] = float(ent)
         metrics["losses/total"] = float(loss.detach())
         return loss, metrics
+
+
+def grpo_chunk_advantages(ro: Rollout, *, group_size: int,
+                          filter_degenerate: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO over each env's first episode of the rollout: its return (the sum of its chunk rewards up to
+    its first end, or to the rollout's end) is normalised within its group of ``group_size`` envs, and
+    every chunk of that episode gets the episode's advantage. Returns ``(advantages, mask)`` ``[T, N]``."""
+    t_len, n = ro.rewards.shape
+    if n % group_size:
+        raise ValueError(f"GRPO needs num_envs ({n}) to be a multiple of group_size ({group_size})")
+    t_idx = torch.arange(t_len, device=ro.rewards.device)[:, None]
+    done = ro.terminated | ro.truncated
+    first_end = torch.where(done.any(0), done.float().argmax(0), torch.full((n,), t_len - 1, device=done.device))
+    in_first = t_idx <= first_end[None, :]
+    returns = (ro.rewards * in_first).sum(0)
+    success = ro.success[first_end, torch.arange(n, device=done.device)]
+    groups = torch.arange(n, device=done.device) // group_size
+    ep_adv, keep = adv_lib.grpo(returns=returns, groups=groups, success=success,
+                                filter_degenerate=filter_degenerate)
+    return ep_adv[None, :].expand(t_len, n) * in_first, in_first & keep[None, :]

@@ -59,6 +59,7 @@ class Rollout:
     rewards: Tensor              # [T, N]  sum of the executed sub-step rewards
     terminated: Tensor           # [T, N]
     truncated: Tensor            # [T, N]
+    success: Tensor              # [T, N]  task solved at the chunk's last executed sub-step
     final_values: Tensor         # [T, N]  V(final obs) where truncated, else 0
     last_values: Tensor          # [N]     V(obs after the last chunk)
     episodes: dict[str, list] = field(default_factory=dict)
@@ -94,7 +95,7 @@ def _collect(actor: Actor, env, obs: dict, *, num_chunks: int, sampler: SamplerC
              log_prob: LogProbConfig, generator: torch.Generator | None) -> tuple[Rollout, dict]:
     model, dim_mask = actor.model, actor.dim_mask
     store: dict[str, list] = {k: [] for k in ("chain", "stochastic", "old_log_prob", "entropy", "values",
-                                              "rewards", "terminated", "truncated", "final_values")}
+                                              "rewards", "terminated", "truncated", "success", "final_values")}
     obs_store: dict[str, list] = {k: [] for k in ("images", "state", "tokens", "token_mask")}
     episodes: dict[str, list] = {}
     env_steps = 0
@@ -123,6 +124,7 @@ def _collect(actor: Actor, env, obs: dict, *, num_chunks: int, sampler: SamplerC
         store["rewards"].append(out.rewards.sum(dim=1).to(value.device))
         store["terminated"].append(out.terminated.to(value.device))
         store["truncated"].append(out.truncated.to(value.device))
+        store["success"].append(out.success.to(value.device))
         store["final_values"].append(final_values)
         for k, v in out.episodes.items():
             episodes.setdefault(k, []).extend(v.tolist())

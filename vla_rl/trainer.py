@@ -258,7 +258,8 @@ class Trainer:
         for it in bar:
             t0 = time.perf_counter()
             seed = _iteration_seed(cfg.seed, it)
-            obs = self.env.reset(seed=seed)
+            grpo = cfg.ppo.algorithm == "grpo"
+            obs = self.env.reset(seed=seed, group_size=cfg.ppo.group_size) if grpo else self.env.reset(seed=seed)
             gen = torch.Generator(device=self.device).manual_seed(seed)
             ro, _ = collect_rollout(self.actor, self.env, obs, num_chunks=cfg.rollout_chunks,
                                     sampler=cfg.sampler, execute=cfg.execute, log_prob=cfg.ppo.log_prob,
