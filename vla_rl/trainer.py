@@ -112,6 +112,8 @@ def _peak_memory_mb(device: torch.device) -> float:
 
 class Trainer:
     def __init__(self, cfg: TrainConfig, *, run_dir: str | Path | None = None, log=print):
+        if cfg.sampler.method == "ode":
+            raise ConfigError("sampler.method must be 'sde' or 'noise' for RL (ODE has no likelihood)")
         self.cfg, self.log = cfg, log
         self.device = torch.device(cfg.device)
         self.run_dir = Path(run_dir or cfg.out)
@@ -135,8 +137,6 @@ class Trainer:
                            action_low=spec.action_low, action_high=spec.action_high)
         self.learner = Learner(self.actor, cfg.ppo, method=cfg.sampler.method, noise_level=cfg.sampler.noise_level,
                                execute=cfg.execute, bf16=cfg.bf16)
-        if cfg.sampler.method == "ode":
-            raise ConfigError("sampler.method must be 'sde' or 'noise' for RL (ODE has no likelihood)")
         self.iteration = 0
         self.history: list[dict] = []
         self._tb = None
