@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install sims demo test test-slow lint bench clean
+.PHONY: install sims demo test test-slow lint bench bench-envs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ test-slow: install
 
 bench: install
 	$(PY) benchmarks/bench_sampling.py
+
+# env-steps/s of each adapter, ours vs the raw simulator (several minutes; needs `make sims`)
+bench-envs: install
+	$(PY) benchmarks/bench_envs.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -1,0 +1,371 @@
+"""Env-steps/s of each adapter through our batched chunk-stepping interface vs the raw simulator, with
+the same number of worker processes and the same observation mode.
+
+    python benchmarks/bench_envs.py [--cases builtin,maniskill,libero] [--seconds 20] [--workers 1,2,4]
+                                    [--libero-workers 1,2] [--builtin-envs 64,1024] [--horizon 8]
+
+Cases (random actions everywhere; an env-step is one action of one env):
+
+- ``builtin``: ColorReach vectorised over N envs in this process (CPU). Raw: ``env.step`` with one action
+  at a time (``[N, 1, 2]``, an observation rendered after every action, as a gym-style loop would); ours:
+  chunks of ``--horizon`` actions.
+- ``maniskill``: PickCube-v1, ``obs_mode="state"``, ``pd_ee_delta_pose``, sparse reward. Ours:
+  ``WorkerVectorEnv(functools.partial(ManiSkillSingleEnv, cfg), n)`` stepping chunks of ``--horizon``
+  (each worker runs the whole chunk locally, then all n report back to the main process). Raw: n
+  processes, each stepping its own ``gym.make(..., sim_backend="physx_cpu")`` env in a loop with the
+  same make arguments as the adapter and resetting when an episode ends, independently.
+- ``libero``: libero_spatial task 0 without cameras (the adapter's ``cameras=()``). Ours: a
+  ``WorkerVectorEnv`` of ``LiberoSingleEnv``; raw: n processes each stepping a robosuite
+  ``OffScreenRenderEnv`` made with the adapter's arguments; both reset the same way when an episode ends
+  (soft reset, set an init state, 10 no-op settle steps, not counted) after success or 220 steps.
+
+The raw and our env run side by side and are timed in alternating segments (raw, ours, ours, raw, ...;
+``--rounds``) of wall-clock time, so that a change in the machine's load hits both alike; each side gets
+``--seconds`` in total. Raw workers step without waiting for each other; ours waits for the slowest worker
+at every chunk, which is part of the overhead measured. Overhead = (raw - ours) / raw; negative means
+ours is faster. The 1-minute load average is printed before and after each case (``/proc/loadavg``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import multiprocessing as mp
+import os
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+RAW_BANK = 512          # pre-drawn random actions per raw worker (cycled)
+OURS_BANK = 16          # pre-drawn random chunks for our env (cycled)
+LIBERO_SETTLE = 10      # no-op settle steps after setting an init state (as the adapter)
+
+
+def loadavg() -> str:
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+Segment = Callable[[float], tuple[int, float]]   # run for about `seconds` -> (env-steps, seconds)
+
+
+def alternate(raw: Segment, ours: Segment, seconds: float, rounds: int) -> tuple[float, float]:
+    """Time ``raw`` and ``ours`` in alternating segments (ABBA...); returns their env-steps/s."""
+    seg = seconds / rounds
+    totals = {"raw": [0, 0.0], "ours": [0, 0.0]}
+    for r in range(rounds):
+        order = (("raw", raw), ("ours", ours)) if r % 2 == 0 else (("ours", ours), ("raw", raw))
+        for name, fn in order:
+            steps, elapsed = fn(seg)
+            totals[name][0] += steps
+            totals[name][1] += elapsed
+    return totals["raw"][0] / totals["raw"][1], totals["ours"][0] / totals["ours"][1]
+
+
+def ours_segment(env, bank: torch.Tensor) -> Segment:
+    """Step ``env`` (our batched interface) with the chunks of ``bank`` ``[B, N, H, A]``, cycled."""
+    def run(seconds: float) -> tuple[int, float]:
+        steps, k = 0, 0
+        t0 = time.perf_counter()
+        while True:
+            out = env.step(bank[k % len(bank)])
+            k += 1
+            steps += int(out.steps.sum())
+            elapsed = time.perf_counter() - t0
+            if elapsed >= seconds:
+                return steps, elapsed
+    return run
+
+
+def random_chunks(spec, n: int, horizon: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    u = torch.rand(OURS_BANK, n, horizon, spec.action_dim, generator=g)
+    return spec.action_low + u * (spec.action_high - spec.action_low)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Built-in ColorReach (vectorised, in process)
+
+def bench_builtin(n: int, args) -> dict:
+    from vla_rl.envs.builtin import ColorReachEnv
+
+    raw_env, our_env = ColorReachEnv(n, seed=0), ColorReachEnv(n, seed=0)
+    raw_env.reset()
+    our_env.reset()
+    bank = random_chunks(our_env.spec, n, args.horizon)
+
+    def raw(seconds: float) -> tuple[int, float]:
+        steps, k = 0, 0
+        t0 = time.perf_counter()
+        while True:
+            chunk = bank[k % len(bank)]
+            k += 1
+            for h in range(args.horizon):
+                raw_env.step(chunk[:, h:h + 1])   # every env executes its one action
+                steps += n
+            elapsed = time.perf_counter() - t0
+            if elapsed >= seconds:
+                return steps, elapsed
+
+    raw(0.5)      # warm-up
+    ours_segment(our_env, bank)(0.5)
+    raw_rate, ours_rate = alternate(raw, ours_segment(our_env, bank), args.seconds, args.rounds)
+    return {"adapter": f"built-in ColorReach, N={n}", "obs": "1 camera 32 px + state",
+            "workers": f"1 process, N={n} (CPU, {torch.get_num_threads()} thread)",
+            "raw": raw_rate, "ours": ours_rate,
+            "raw_what": "`env.step` 1 action at a time", "ours_what": f"chunks of {args.horizon}"}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Raw worker processes (one simulator each, stepping independently)
+
+def _raw_loop(conn, step: Callable[[int], None]) -> None:
+    """Serve ("run", seconds) -> (env-steps, seconds) until ("close", None)."""
+    conn.send(("ready", None))
+    k = 0
+    while True:
+        cmd, arg = conn.recv()
+        if cmd == "close":
+            return
+        steps = 0
+        t0 = time.perf_counter()
+        while True:
+            step(k)
+            k += 1
+            steps += 1
+            elapsed = time.perf_counter() - t0
+            if elapsed >= arg:
+                break
+        conn.send(("ok", (steps, elapsed)))
+
+
+def _raw_maniskill_worker(conn, cfg, seed: int) -> None:
+    torch.set_num_threads(1)   # as our workers
+    try:
+        from vla_rl.envs.maniskill import REWARDS, ensure_vulkan
+
+        ensure_vulkan()        # selects the Vulkan driver (env var), imports ManiSkill
+        import gymnasium as gym
+
+        env = gym.make(cfg.task, obs_mode=cfg.obs_mode, control_mode=cfg.control_mode,
+                       reward_mode=REWARDS[cfg.reward], num_envs=1, render_mode="rgb_array",
+                       sim_backend="physx_cpu", render_backend="sapien_cpu",
+                       human_render_camera_configs=dict(width=cfg.render_size, height=cfg.render_size))
+        env.reset(seed=seed)
+        space = env.action_space
+        actions = np.random.default_rng(seed).uniform(space.low, space.high,
+                                                      (RAW_BANK, space.shape[-1])).astype(np.float32)
+
+        def step(k: int) -> None:
+            _, _, terminated, truncated, _ = env.step(actions[k % RAW_BANK])
+            if bool(terminated.any()) or bool(truncated.any()):   # ManiSkill's TimeLimitWrapper truncates
+                env.reset()
+
+        _raw_loop(conn, step)
+        env.close()
+    except Exception as e:
+        conn.send(("error", repr(e)))
+
+
+def _raw_libero_worker(conn, suite_name: str, task_id: int, image_size: int, max_steps: int, seed: int) -> None:
+    torch.set_num_threads(1)
+    try:
+        from vla_rl.envs.libero import NOOP, setup_libero_env_vars
+
+        setup_libero_env_vars()   # LIBERO_CONFIG_PATH (else LIBERO prompts on stdin), MUJOCO_GL
+        from libero.libero import benchmark, get_libero_path
+        from libero.libero.envs import OffScreenRenderEnv
+
+        suite = benchmark.get_benchmark_dict()[suite_name]()
+        task = suite.get_task(task_id)
+        bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
+        env = OffScreenRenderEnv(bddl_file_name=bddl, camera_names=[], use_camera_obs=False,
+                                 camera_heights=image_size, camera_widths=image_size, ignore_done=True,
+                                 hard_reset=False)
+        init_states = suite.get_task_init_states(task_id)
+        rng = np.random.default_rng(seed)
+        actions = rng.uniform(-1.0, 1.0, (RAW_BANK, 7))
+        state = {"t": 0}
+
+        def reset() -> None:
+            env.reset()
+            env.set_init_state(init_states[int(rng.integers(len(init_states)))])
+            for _ in range(LIBERO_SETTLE):
+                env.step(NOOP)
+            state["t"] = 0
+
+        reset()
+
+        def step(k: int) -> None:
+            _, _, done, _ = env.step(actions[k % RAW_BANK])
+            state["t"] += 1
+            if done or state["t"] >= max_steps:
+                reset()
+
+        _raw_loop(conn, step)
+        env.close()
+    except Exception as e:
+        conn.send(("error", repr(e)))
+
+
+class RawPool:
+    """``n`` spawned processes, each running ``target(conn, *args, seed)``: one raw simulator apiece."""
+
+    def __init__(self, target: Callable, args: tuple, n: int, timeout: float = 600.0):
+        ctx = mp.get_context("spawn")
+        self.procs, self.conns = [], []
+        for i in range(n):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=target, args=(child, *args, 1000 + i), daemon=True)
+            p.start()
+            child.close()
+            self.procs.append(p)
+            self.conns.append(parent)
+        for c in self.conns:
+            self._recv(c, timeout)
+
+    @staticmethod
+    def _recv(conn, timeout: float):
+        if not conn.poll(timeout):
+            raise RuntimeError(f"raw worker did not answer within {timeout:.0f} s")
+        kind, payload = conn.recv()
+        if kind == "error":
+            raise RuntimeError(f"raw worker failed: {payload}")
+        return payload
+
+    def segment(self, seconds: float) -> tuple[int, float]:
+        """All workers step concurrently for ``seconds``; total env-steps over their mean time."""
+        for c in self.conns:
+            c.send(("run", seconds))
+        results = [self._recv(c, seconds + 600) for c in self.conns]
+        return sum(r[0] for r in results), float(np.mean([r[1] for r in results]))
+
+    def close(self) -> None:
+        for c, p in zip(self.conns, self.procs):
+            try:
+                c.send(("close", None))
+            except (OSError, BrokenPipeError):
+                pass
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+            c.close()
+
+
+def bench_workers(make_ours: Callable, raw_target: Callable, raw_args: tuple, n: int, args) -> tuple[float, float]:
+    raw_pool = ours = None
+    try:
+        t0 = time.perf_counter()
+        raw_pool = RawPool(raw_target, raw_args, n)
+        ours = make_ours(n)
+        ours.reset()
+        log(f"    {n} raw + {n} worker processes ready in {time.perf_counter() - t0:.0f} s")
+        bank = random_chunks(ours.spec, n, args.horizon)
+        raw_pool.segment(1.0)                      # warm-up
+        ours_segment(ours, bank)(1.0)
+        return alternate(raw_pool.segment, ours_segment(ours, bank), args.seconds, args.rounds)
+    finally:
+        if ours is not None:
+            ours.close()
+        if raw_pool is not None:
+            raw_pool.close()
+
+
+def bench_maniskill(n: int, args) -> dict:
+    from vla_rl.envs.maniskill import ManiSkillConfig, ManiSkillSingleEnv
+    from vla_rl.envs.workers import WorkerVectorEnv
+
+    cfg = ManiSkillConfig(task="PickCube-v1", obs_mode="state", control_mode="pd_ee_delta_pose",
+                          reward="sparse", sim_backend="cpu")
+    raw, ours = bench_workers(lambda k: WorkerVectorEnv(functools.partial(ManiSkillSingleEnv, cfg), k,
+                                                        name="bench-maniskill"),
+                              _raw_maniskill_worker, (cfg,), n, args)
+    return {"adapter": "ManiSkill3 PickCube-v1", "obs": "state, pd_ee_delta_pose", "workers": str(n),
+            "raw": raw, "ours": ours}
+
+
+def bench_libero(n: int, args) -> dict:
+    from vla_rl.envs.libero import LiberoConfig, LiberoSingleEnv
+    from vla_rl.envs.workers import WorkerVectorEnv
+
+    cfg = LiberoConfig(suite="libero_spatial", task_ids=[0], cameras=())
+    raw, ours = bench_workers(lambda k: WorkerVectorEnv(functools.partial(LiberoSingleEnv, cfg), k,
+                                                        name="bench-libero"),
+                              _raw_libero_worker, (cfg.suite, 0, cfg.image_size, cfg.episode_steps), n, args)
+    return {"adapter": "LIBERO libero_spatial task 0", "obs": "state only (no cameras)", "workers": str(n),
+            "raw": raw, "ours": ours}
+
+
+# ----------------------------------------------------------------------------------------------------
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cases", default="builtin,maniskill,libero", help="comma-separated: builtin, maniskill, libero")
+    p.add_argument("--seconds", type=float, default=20.0, help="timed seconds per side (raw / ours) per case")
+    p.add_argument("--rounds", type=int, default=4, help="alternating segments per side (raw/ours, ours/raw, ...)")
+    p.add_argument("--workers", type=_ints, default=[1, 2, 4], help="ManiSkill worker counts")
+    p.add_argument("--libero-workers", type=_ints, default=[1, 2], help="LIBERO worker counts")
+    p.add_argument("--builtin-envs", type=_ints, default=[64, 1024], help="ColorReach batch sizes")
+    p.add_argument("--horizon", type=int, default=8, help="actions per chunk (ours)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of this process (built-in case)")
+    args = p.parse_args()
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = set(cases) - {"builtin", "maniskill", "libero"}
+    if unknown:
+        p.error(f"unknown cases {sorted(unknown)}; choose from builtin, maniskill, libero")
+    if args.rounds < 1 or args.seconds <= 0 or args.horizon < 1:
+        p.error("--rounds, --seconds and --horizon must be positive")
+    torch.set_num_threads(args.threads)
+    # Simulators print to stdout (LIBERO's task orders ...): send everything but the table to stderr,
+    # worker processes included (they inherit file descriptor 1).
+    sys.stdout.flush()
+    table = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+
+    jobs = []
+    if "builtin" in cases:
+        jobs += [(f"builtin N={n}", functools.partial(bench_builtin, n)) for n in args.builtin_envs]
+    if "maniskill" in cases:
+        jobs += [(f"maniskill workers={n}", functools.partial(bench_maniskill, n)) for n in args.workers]
+    if "libero" in cases:
+        jobs += [(f"libero workers={n}", functools.partial(bench_libero, n)) for n in args.libero_workers]
+
+    start_load = loadavg()
+    rows = []
+    for name, job in jobs:
+        before = loadavg().split()[0]
+        log(f"[{name}] {args.seconds:g} s per side (load {before}) ...")
+        row = job(args)
+        row["load"] = f"{before} → {loadavg().split()[0]}"
+        row["overhead"] = 100.0 * (row["raw"] - row["ours"]) / row["raw"]
+        log(f"    raw {row['raw']:.0f} steps/s, ours {row['ours']:.0f} steps/s, overhead {row['overhead']:+.1f} %")
+        rows.append(row)
+
+    out = functools.partial(print, file=table)
+    out(f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"chunk H={args.horizon}, {args.seconds:g} s per side in {args.rounds} alternating segments each")
+    out(f"load average (1, 5, 15 min): before {start_load}, after {loadavg()}\n")
+    out("| adapter | obs mode | workers | raw steps/s | ours steps/s | overhead % | load 1-min (before → after) |")
+    out("|---|---|---|---|---|---|---|")
+    for r in rows:
+        out(f"| {r['adapter']} | {r['obs']} | {r['workers']} | {r['raw']:,.0f} | {r['ours']:,.0f} | "
+            f"{r['overhead']:+.1f} | {r['load']} |")
+    table.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""Videos of any env behind the batched interface: write frames to mp4 / gif, and collect frames of
+chosen envs from their observations.
+
+Every adapter returns camera images (``obs["images"]`` uint8 ``[N, C, S, S, 3]``), so a frame is env
+``i``'s cameras side by side (``[S, C * S, 3]``). Envs without cameras (``C = 0``, e.g. ManiSkill's
+``obs_mode="state"``) are rendered with ``env.render_frames(indices)`` where the env has it (the worker
+pool does: ManiSkill's human-view camera, LIBERO's agentview).
+
+The interface steps whole chunks, so the recorder gets one frame per chunk step (plus the final frame of
+an episode that ended inside the chunk), not one per action.
+
+Glossary: N envs, C cameras, S image size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .base import ChunkStep
+
+VIDEO_SUFFIXES = (".mp4", ".gif")
+
+
+def _as_frame(frame) -> np.ndarray:
+    if isinstance(frame, torch.Tensor):
+        frame = frame.detach().cpu().numpy()
+    frame = np.asarray(frame)
+    if frame.ndim != 3 or frame.shape[2] != 3 or frame.dtype != np.uint8:
+        raise ValueError(f"video frames must be uint8 [H, W, 3], got {frame.dtype} {list(frame.shape)}")
+    return frame
+
+
+def record_video(frames: Sequence[np.ndarray], path: str | Path, fps: int = 10, *, scale: int = 1) -> Path:
+    """Write ``frames`` (uint8 ``[H, W, 3]`` each, all the same size) to ``path``; returns the path.
+
+    The format comes from the suffix: ``.mp4`` (H.264 via imageio-ffmpeg; odd sizes are padded with one
+    black row / column, since H.264's yuv420p needs even sizes) or ``.gif`` (Pillow). ``scale`` enlarges
+    each frame by pixel repetition (small images such as ColorReach's 32x32 stay sharp).
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in VIDEO_SUFFIXES:
+        raise ValueError(f"unsupported video format {path.suffix or '(no suffix)'!r} for {str(path)!r}: "
+                         f"use one of {', '.join(VIDEO_SUFFIXES)}")
+    if fps <= 0 or scale < 1:
+        raise ValueError(f"fps must be > 0 and scale >= 1, got fps={fps}, scale={scale}")
+    frames = [_as_frame(f) for f in frames]
+    if not frames:
+        raise ValueError(f"no frames to write to {str(path)!r}")
+    shapes = {f.shape for f in frames}
+    if len(shapes) > 1:
+        raise ValueError(f"all frames must have the same shape, got {sorted(shapes)}")
+    if scale > 1:
+        frames = [f.repeat(scale, axis=0).repeat(scale, axis=1) for f in frames]
+    import imageio.v2 as imageio
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if suffix == ".gif":
+        imageio.mimsave(path, frames, duration=1000 / fps, loop=0)   # Pillow: duration in ms per frame
+    else:
+        h, w = frames[0].shape[:2]
+        if h % 2 or w % 2:
+            frames = [np.pad(f, ((0, h % 2), (0, w % 2), (0, 0))) for f in frames]
+        # macro_block_size=1: keep the size instead of resizing to a multiple of 16 (with a warning).
+        imageio.mimsave(path, frames, fps=fps, macro_block_size=1)
+    return path
+
+
+class VideoRecorder:
+    """Collect frames of envs ``indices`` of a batched ``env`` and write one video per env.
+
+    ::
+
+        rec = VideoRecorder(env, indices=[0, 3])
+        obs = env.reset(); rec.add(obs)
+        for _ in range(T):
+            out = env.step(chunk); rec.add(out)         # a ChunkStep or an observation dict
+        rec.save("runs/videos/env{index}.mp4")          # -> [Path, Path]
+
+    An env that ended inside a chunk contributes its final frame, then the first frame of its next
+    episode (the video runs on across episodes). Frames are the env's camera images side by side; for
+    envs without cameras ``env.render_frames(indices)`` is used (it renders the current state, so the
+    final frame of an ended episode is not available there).
+    """
+
+    def __init__(self, env, indices: Sequence[int] = (0,), *, fps: int = 10, scale: int = 1):
+        self.env = env
+        self.indices = [int(i) for i in indices]
+        num_envs = getattr(env, "num_envs", None)
+        if not self.indices:
+            raise ValueError("VideoRecorder needs at least one env index")
+        if num_envs is not None and any(not 0 <= i < num_envs for i in self.indices):
+            raise ValueError(f"env indices {self.indices} out of range for {num_envs} envs")
+        self.fps, self.scale = fps, scale
+        self.frames: dict[int, list[np.ndarray]] = {i: [] for i in self.indices}
+
+    def _frames(self, obs: dict) -> list[np.ndarray]:
+        images = obs["images"]
+        if images.shape[1] > 0:
+            return [np.concatenate(list(_images_np(images[i])), axis=1) for i in self.indices]
+        render = getattr(self.env, "render_frames", None)
+        if render is None:
+            raise ValueError(f"{type(self.env).__name__} observations have no camera images (C = 0) and the env "
+                             "has no render_frames(indices); use an observation mode with cameras "
+                             "(e.g. ManiSkill obs_mode='rgb') or the worker pool, which renders")
+        return [_as_frame(f) for f in render(self.indices)]
+
+    def add(self, step: ChunkStep | dict) -> None:
+        """Add the frames of one observation dict (after ``reset``) or of one :class:`ChunkStep`."""
+        if isinstance(step, ChunkStep):
+            if step.final_obs is not None and step.final_obs["images"].shape[1] > 0:
+                done = step.done
+                for i, frame in zip(self.indices, self._frames(step.final_obs)):
+                    if bool(done[i]):
+                        self.frames[i].append(frame)
+            obs = step.obs
+        else:
+            obs = step
+        for i, frame in zip(self.indices, self._frames(obs)):
+            self.frames[i].append(frame)
+
+    def save(self, path: str | Path) -> list[Path]:
+        """Write one video per recorded env; ``path`` may contain ``{index}`` (needed for several envs)."""
+        path = str(path)
+        if len(self.indices) > 1 and "{index}" not in path:
+            raise ValueError(f"recording {len(self.indices)} envs: put '{{index}}' in the path, got {path!r}")
+        return [record_video(self.frames[i], path.replace("{index}", str(i)), self.fps, scale=self.scale)
+                for i in self.indices]
+
+    def clear(self) -> None:
+        self.frames = {i: [] for i in self.indices}
+
+
+def _images_np(images) -> np.ndarray:
+    """One env's camera images ``[C, S, S, 3]`` as a uint8 numpy array (from CPU or GPU tensors)."""
+    if isinstance(images, torch.Tensor):
+        images = images.detach().cpu().numpy()
+    return np.asarray(images, dtype=np.uint8)

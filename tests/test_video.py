@@ -1,0 +1,99 @@
+"""Videos: record_video's formats and errors, VideoRecorder on the built-in task and on camera-less envs."""
+
+import imageio.v2 as imageio
+import numpy as np
+import pytest
+import torch
+
+from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
+from vla_rl.envs.video import VideoRecorder, record_video
+
+
+def _record_colorreach(chunks: int, indices=(0, 2), scale: int = 1) -> tuple[VideoRecorder, ColorReachEnv]:
+    env = ColorReachEnv(4, config=ColorReachConfig(max_episode_steps=200), seed=0)
+    rec = VideoRecorder(env, indices, fps=5, scale=scale)
+    rec.add(env.reset())
+    for _ in range(chunks):
+        chunk = (0.3 * env.expert_action())[:, None].expand(4, 2, 2).contiguous()   # slow: no episode ends
+        out = env.step(chunk)
+        assert not bool(out.done.any())
+        rec.add(out)
+    return rec, env
+
+
+@pytest.mark.parametrize("suffix", [".mp4", ".gif"])
+def test_colorreach_video_round_trip(tmp_path, suffix):
+    rec, _ = _record_colorreach(chunks=5, scale=2)
+    assert [len(rec.frames[i]) for i in (0, 2)] == [6, 6]
+    paths = rec.save(tmp_path / "videos" / f"env{{index}}{suffix}")
+    assert [p.name for p in paths] == [f"env0{suffix}", f"env2{suffix}"]
+    for p in paths:
+        frames = imageio.mimread(p)
+        assert len(frames) == 6
+        assert np.asarray(frames[0]).shape[:2] == (64, 64)        # 32x32 images, scale 2
+
+
+def test_mp4_pads_odd_sizes(tmp_path):
+    frames = [np.full((15, 21, 3), 10 * k, np.uint8) for k in range(4)]
+    path = record_video(frames, tmp_path / "odd.mp4", fps=4)
+    back = imageio.mimread(path)
+    assert len(back) == 4 and back[0].shape == (16, 22, 3)
+
+
+def test_episode_end_adds_the_final_frame():
+    env = ColorReachEnv(2, config=ColorReachConfig(max_episode_steps=3), seed=0)
+    rec = VideoRecorder(env, [1])
+    rec.add(env.reset())
+    out = env.step(torch.zeros(2, 4, 2))                       # truncated after 3 of the 4 actions
+    assert bool(out.done[1])
+    rec.add(out)
+    assert len(rec.frames[1]) == 3                              # reset, final frame, next episode's first
+    assert np.array_equal(rec.frames[1][1], out.final_obs["images"][1, 0].numpy())
+    assert np.array_equal(rec.frames[1][2], out.obs["images"][1, 0].numpy())
+
+
+def test_bad_suffix_and_bad_frames(tmp_path):
+    frames = [np.zeros((8, 8, 3), np.uint8)] * 2
+    with pytest.raises(ValueError, match=r"unsupported video format '\.avi'.*\.mp4, \.gif"):
+        record_video(frames, tmp_path / "clip.avi")
+    with pytest.raises(ValueError, match="no suffix"):
+        record_video(frames, tmp_path / "clip")
+    with pytest.raises(ValueError, match="uint8"):
+        record_video([np.zeros((8, 8, 3), np.float32)], tmp_path / "clip.gif")
+    with pytest.raises(ValueError, match="same shape"):
+        record_video([np.zeros((8, 8, 3), np.uint8), np.zeros((8, 6, 3), np.uint8)], tmp_path / "clip.gif")
+    with pytest.raises(ValueError, match="no frames"):
+        record_video([], tmp_path / "clip.mp4")
+    assert not list(tmp_path.iterdir())
+
+
+def test_several_envs_need_an_index_placeholder(tmp_path):
+    rec, _ = _record_colorreach(chunks=1)
+    with pytest.raises(ValueError, match="index"):
+        rec.save(tmp_path / "clip.mp4")
+    with pytest.raises(ValueError, match="out of range"):
+        VideoRecorder(ColorReachEnv(2), [2])
+
+
+class _StateOnlyEnv:
+    """A camera-less batched env (like ManiSkill obs_mode='state'), optionally with render_frames."""
+
+    num_envs = 2
+
+    def obs(self) -> dict:
+        return {"images": torch.zeros(2, 0, 64, 64, 3, dtype=torch.uint8), "state": torch.zeros(2, 5),
+                "instruction": ["a", "b"]}
+
+
+class _RenderingStateOnlyEnv(_StateOnlyEnv):
+    def render_frames(self, indices):
+        return [np.full((10, 12, 3), i, np.uint8) for i in indices]
+
+
+def test_camera_less_envs_render_or_fail_clearly():
+    env = _RenderingStateOnlyEnv()
+    rec = VideoRecorder(env, [1])
+    rec.add(env.obs())
+    assert rec.frames[1][0].shape == (10, 12, 3) and rec.frames[1][0][0, 0, 0] == 1
+    with pytest.raises(ValueError, match="no camera images.*render_frames"):
+        VideoRecorder(_StateOnlyEnv(), [0]).add(_StateOnlyEnv().obs())
