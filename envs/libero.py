@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from .base import EnvSpec
+from .video import record_video
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SETUP_HINT = "run `PY=.venv/bin/python bash scripts/setup_libero.sh` (or `make sims`) to install LIBERO"
@@ -374,18 +375,6 @@ def _to_numpy_actions(actions, n: int) -> np.ndarray:
     return np.clip(a, -1.0, 1.0)   # robosuite clips to [-1, 1] too
 
 
-def _save_video(path: Path, frames: list[np.ndarray], fps: int) -> Path:
-    import imageio.v2 as imageio
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".gif":
-        imageio.mimsave(path, frames, duration=1000 / fps, loop=0)
-    else:
-        # macro_block_size=1: keep odd sizes as they are instead of resizing with a warning
-        imageio.mimsave(path, frames, fps=fps, macro_block_size=1)
-    return path
-
-
 def evaluate_libero_protocol(
     act: Callable[[dict], np.ndarray | torch.Tensor],
     *,
@@ -470,7 +459,7 @@ def _run_suite(act, envs: list[LiberoSingleEnv], cfg: LiberoConfig, result: Libe
         if frames[i] is not None:
             tag = "success" if success else "failure"
             name = f"{suite}_task{env.task_id:02d}_init{env.init_state_id:02d}_{tag}.{video_format}"
-            video = _save_video(video_dir / name, frames[i], video_fps)
+            video = record_video(frames[i], video_dir / name, fps=video_fps)
         result.episodes.append(LiberoEpisode(suite, env.task_id, env.init_state_id, success, env._t, video))
         active[i] = False
         bar.update(1)
