@@ -78,12 +78,17 @@ def read_yaml_file(path: Path) -> dict:
     return data
 
 
-def save_policy(path: str | Path, model: FlowPolicy, norm: NormStats, *, meta: dict | None = None) -> Path:
-    """Save a policy folder; ``meta`` (env dims, sampler, ...) goes into ``config.yaml``."""
+def policy_files(model: FlowPolicy, norm: NormStats, meta: dict | None = None) -> tuple[dict, dict]:
+    """The tensors and YAML files of a policy folder (a training checkpoint adds its own to these)."""
     config = {"format_version": FORMAT_VERSION, "policy": to_dict(model.cfg),
               "normalization": {"mode": norm.mode}, **(meta or {})}
-    return write_atomic_folder(path, tensors={"model": model.state_dict(), "norm_stats": norm.to_tensors()},
-                               yamls={"config": config})
+    return {"model": model.state_dict(), "norm_stats": norm.to_tensors()}, {"config": config}
+
+
+def save_policy(path: str | Path, model: FlowPolicy, norm: NormStats, *, meta: dict | None = None) -> Path:
+    """Save a policy folder; ``meta`` (env dims, sampler, ...) goes into ``config.yaml``."""
+    tensors, yamls = policy_files(model, norm, meta)
+    return write_atomic_folder(path, tensors=tensors, yamls=yamls)
 
 
 def load_policy(path: str | Path, device="cpu") -> tuple[FlowPolicy, NormStats, dict]:

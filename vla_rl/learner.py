@@ -73,9 +73,6 @@ class Learner:
         self.autocast = bf16 and model.device.type == "cuda"
         self.skipped_steps = 0
 
-    def _field(self, prefix):
-        return self.actor.model.field(prefix)
-
     def compute_advantages(self, ro: Rollout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Advantages, value targets and a mask of the samples that take part, all ``[T, N]``."""
         cfg = self.cfg
@@ -157,7 +154,7 @@ class Learner:
                                             huber_delta=cfg.huber_delta)
         loss = cfg.value_coef * v_loss
         if not critic_only:
-            re = flow.chain_log_prob(self._field(prefix), chain, stoch, method=self.method,
+            re = flow.chain_log_prob(model.field(prefix), chain, stoch, method=self.method,
                                      noise_level=self.noise_level)
             new_lp = aggregate_log_prob(re.log_probs, stoch, cfg.log_prob, executed=self.execute,
                                         dim_mask=self.actor.dim_mask)

@@ -20,12 +20,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import yaml
 from tqdm.auto import tqdm
 
 from vla_rl.actor import Actor, SamplerConfig
 from vla_rl.checkpoint import (
     CheckpointError,
     load_policy,
+    policy_files,
     read_tensors,
     read_yaml_file,
     write_atomic_folder,
@@ -155,17 +157,14 @@ class Trainer:
         if torch.cuda.is_available():
             rng["torch_cuda"] = torch.cuda.get_rng_state()
         path = self.run_dir / "checkpoints" / f"{CHECKPOINT_PREFIX}{self.iteration:06d}"
-        write_atomic_folder(path, tensors={"model": model.state_dict(), "norm_stats": norm.to_tensors(),
-                                           "optimizer": opt_tensors, "rng": rng},
-                            yamls={"config": {"format_version": 1, "policy": to_dict(model.cfg),
-                                              "normalization": {"mode": norm.mode},
-                                              "env": {"kind": self.cfg.env.kind,
-                                                      "state_dim": self.env.spec.state_dim,
-                                                      "action_dim": self.env.spec.action_dim}},
-                                   "train_config": to_dict(self.cfg),
-                                   "trainer_state": {"iteration": self.iteration,
-                                                     "skipped_steps": self.learner.skipped_steps,
-                                                     "param_groups": groups}})
+        spec = self.env.spec
+        tensors, yamls = policy_files(model, norm, {"env": {"kind": self.cfg.env.kind, "state_dim": spec.state_dim,
+                                                            "action_dim": spec.action_dim}})
+        tensors.update(optimizer=opt_tensors, rng=rng)
+        yamls.update(train_config=to_dict(self.cfg),
+                     trainer_state={"iteration": self.iteration, "skipped_steps": self.learner.skipped_steps,
+                                    "param_groups": groups})
+        write_atomic_folder(path, tensors=tensors, yamls=yamls)
         ckpts = sorted((self.run_dir / "checkpoints").glob(f"{CHECKPOINT_PREFIX}*"))
         for old in ckpts[: max(0, len(ckpts) - self.cfg.keep_last)]:
             shutil.rmtree(old, ignore_errors=True)
@@ -245,8 +244,6 @@ class Trainer:
         cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with open(self.run_dir / "config.yaml", "w") as f:
-            import yaml
-
             yaml.safe_dump(to_dict(cfg), f, sort_keys=False)
         env_steps = sum(int(h.get("time/env_steps_iter", 0)) for h in self.history)
         if self.iteration == 0 and not self.history:
