@@ -156,3 +156,19 @@ def sincos_time_embedding(t: Tensor, dim: int, min_period: float = 4e-3, max_per
     period = min_period * (max_period / min_period) ** fraction
     angle = t.float()[:, None] * (2.0 * math.pi / period)[None, :]
     return torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1)
+
+
+def sincos_2d_positions(grid: int, dim: int) -> Tensor:
+    """Fixed 2-D sine-cosine position embedding ``[grid*grid, dim]`` (half the dims encode the row, half
+    the column), as in MAE / SigLIP-style ViTs: patches know where they are from the first step on."""
+    if dim % 4:
+        raise ValueError(f"2-D sin-cos embedding needs dim divisible by 4, got {dim}")
+    quarter = dim // 4
+    omega = 1.0 / (10000 ** (torch.arange(quarter, dtype=torch.float32) / quarter))
+    ys, xs = torch.meshgrid(torch.arange(grid, dtype=torch.float32), torch.arange(grid, dtype=torch.float32),
+                            indexing="ij")
+    out = []
+    for coord in (ys.flatten(), xs.flatten()):
+        angle = coord[:, None] * omega[None, :]
+        out += [torch.sin(angle), torch.cos(angle)]
+    return torch.cat(out, dim=1)

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import PolicyConfig
-from .layers import RMSNorm, StreamLayer, ViTBlock, attention, sincos_time_embedding
+from .layers import RMSNorm, StreamLayer, ViTBlock, attention, sincos_2d_positions, sincos_time_embedding
 from .tokenizer import tokenize
 
 
@@ -70,7 +70,9 @@ class FlowPolicy(nn.Module):
         v, wp, we = cfg.vision, cfg.prefix.width, cfg.expert.width
         # --- prefix inputs
         self.patch_embed = nn.Conv2d(3, v.width, kernel_size=v.patch_size, stride=v.patch_size)
-        self.vision_pos = nn.Parameter(torch.randn(v.num_patches, v.width) * 0.02)
+        # Learned (so SigLIP weights can be loaded), initialised with fixed 2-D sin-cos positions: a
+        # from-scratch ViT with random position embeddings learns to localise far too slowly.
+        self.vision_pos = nn.Parameter(sincos_2d_positions(v.image_size // v.patch_size, v.width))
         self.vision_blocks = nn.ModuleList(ViTBlock(v.width, v.num_heads, v.mlp_dim) for _ in range(v.depth))
         self.vision_norm = nn.LayerNorm(v.width, eps=1e-6)
         self.vision_proj = nn.Linear(v.width, wp)

@@ -17,7 +17,7 @@ from vla_rl.policies import flow
 class SFTConfig:
     steps: int = 2000
     batch_size: int = 64
-    lr: float = 1e-3
+    lr: float = 3e-4  # 1e-3 collapses the from-scratch vision features (measured), then only the state is used
     weight_decay: float = 1e-4
     warmup_steps: int = 100
     grad_clip: float = 1.0
