@@ -37,6 +37,11 @@ class Stats:
         q = torch.quantile(x, torch.tensor([0.01, 0.99], dtype=x.dtype), dim=0)
         return Stats(x.mean(0).float(), x.std(0, unbiased=False).float(), q[0].float(), q[1].float())
 
+    @staticmethod
+    def identity(dim: int) -> Stats:
+        """Statistics under which normalising changes nothing (mean 0, std 1, quantiles -1 / 1)."""
+        return Stats(torch.zeros(dim), torch.ones(dim), -torch.ones(dim), torch.ones(dim))
+
     def to_dict(self, prefix: str) -> dict[str, Tensor]:
         return {f"{prefix}.{k}": getattr(self, k).contiguous() for k in ("mean", "std", "q01", "q99")}
 

@@ -122,13 +122,13 @@ class Learner:
                     (loss * idx.numel() / mb.numel()).backward()
                     for k, v in m.items():
                         mb_metrics[k] = mb_metrics.get(k, 0.0) + v * idx.numel() / mb.numel()
-                grads_ok = all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
-                if not (math.isfinite(mb_metrics["losses/total"]) and grads_ok):
+                # The total norm is non-finite iff some gradient is: one check (one device sync) for all.
+                grad_norm = torch.nn.utils.clip_grad_norm_(
+                    [p for p in model.parameters() if p.requires_grad], cfg.max_grad_norm)
+                if not (math.isfinite(mb_metrics["losses/total"]) and math.isfinite(float(grad_norm))):
                     self.skipped_steps += 1  # never apply (nor later save) a non-finite update
                     self.optimizer.zero_grad(set_to_none=True)
                     continue
-                grad_norm = torch.nn.utils.clip_grad_norm_(
-                    [p for p in model.parameters() if p.requires_grad], cfg.max_grad_norm)
                 self.optimizer.step()
                 mb_metrics["losses/grad_norm"] = float(grad_norm)
                 for k, v in mb_metrics.items():

@@ -127,11 +127,7 @@ class Trainer:
             model, norm, _ = load_policy(cfg.init, device=self.device)
         else:
             model = FlowPolicy(policy_preset(cfg.model)).to(self.device)
-            ident = Stats(torch.zeros(spec.state_dim), torch.ones(spec.state_dim),
-                          -torch.ones(spec.state_dim), torch.ones(spec.state_dim))
-            act = Stats(torch.zeros(spec.action_dim), torch.ones(spec.action_dim),
-                        -torch.ones(spec.action_dim), torch.ones(spec.action_dim))
-            norm = NormStats(ident, act)
+            norm = NormStats(Stats.identity(spec.state_dim), Stats.identity(spec.action_dim))
         if cfg.execute > model.cfg.action_horizon:
             raise ConfigError(f"execute={cfg.execute} exceeds the policy's action_horizon "
                               f"{model.cfg.action_horizon}")
