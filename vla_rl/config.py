@@ -40,7 +40,6 @@ def _check_value(tp: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"{key}: {value!r} is not one of {list(get_args(tp))}")
         return value
     if origin in (typing.Union, types.UnionType):
-        errors = []
         for arm in get_args(tp):
             if arm is type(None):
                 if value is None:
@@ -48,8 +47,8 @@ def _check_value(tp: Any, value: Any, key: str) -> Any:
                 continue
             try:
                 return _check_value(arm, value, key)
-            except ConfigError as e:
-                errors.append(str(e))
+            except ConfigError:
+                pass  # try the next arm
         raise ConfigError(f"{key}: {value!r} does not match {tp}")
     if origin in (tuple, list):
         if not isinstance(value, (list, tuple)):
