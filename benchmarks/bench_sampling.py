@@ -1,16 +1,18 @@
 """Time one action-chunk sample with and without the prefix cache, and the cost of recomputing chain
 log-probs (what every PPO minibatch does) for mixed Flow-SDE vs Flow-Noise.
 
-    python benchmarks/bench_sampling.py [--model tiny] [--batch 64] [--device cpu] [--repeats 5]
+    python benchmarks/bench_sampling.py [--model tiny] [--batch 64] [--device cpu] [--repeats 5] [--bf16]
 
 Prints a markdown table (median of ``--repeats`` timings after one warm-up). On CPU the timings are
 this process's CPU time with ``--threads`` torch threads (default 1), which stays meaningful on a shared,
-loaded machine; on CUDA they are wall-clock times with synchronisation.
+loaded machine; on CUDA they are wall-clock times with synchronisation. ``--bf16`` runs everything under
+bf16 autocast (CUDA; fp32 weights, as the learner does).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 
@@ -43,11 +45,16 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--bf16", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     torch.manual_seed(0)
-    model = FlowPolicy(policy_preset(args.model)).to(device).eval()
+    with torch.device(device):  # initialise the weights where they live (seconds for pi0 on a GPU)
+        model = FlowPolicy(policy_preset(args.model)).eval()
+    scope = contextlib.ExitStack()  # held until the process ends: every timing below runs inside it
+    if args.bf16:
+        scope.enter_context(torch.autocast(device.type, dtype=torch.bfloat16))
     cfg, n = model.cfg, args.batch
     obs = {
         "images": torch.randint(0, 256, (n, cfg.num_cameras, cfg.vision.image_size, cfg.vision.image_size, 3),
@@ -57,7 +64,8 @@ def main() -> None:
     }
     noise = torch.randn(n, cfg.action_horizon, cfg.action_dim, device=device)
     print(f"model={args.model} batch={n} device={device} torch={torch.__version__} "
-          f"threads={torch.get_num_threads()}\n")
+          f"threads={torch.get_num_threads()} bf16={args.bf16} "
+          f"params={sum(p.numel() for p in model.parameters()) / 1e6:.0f}M\n")
     unit = "wall ms" if device.type == "cuda" else "CPU ms"
     print(f"| what | K | time per chunk ({unit}) |")
     print("|---|---|---|")

@@ -128,6 +128,28 @@ def ensure_vulkan(lavapipe: bool = True) -> None:
         raise RuntimeError(f"ManiSkill3 is not installed ({e}); {SETUP_HINT}") from e
 
 
+def enable_physx_gpu() -> None:
+    """Load SAPIEN's PhysX GPU library, which ``physx_cuda`` needs.
+
+    SAPIEN does not ship it in the wheel: on first use it downloads it from GitHub into
+    ``~/.sapien/physx/<version>/``. Where that cannot be reached (a cluster node offline, a sandbox), the
+    download fails deep inside SAPIEN; this names the file, the place and the fix instead.
+    """
+    import sapien.physx as physx
+
+    try:
+        physx.enable_gpu()
+    except Exception as e:
+        version = physx.version()
+        where = Path.home() / ".sapien" / "physx" / version
+        raise RuntimeError(
+            f"ManiSkill's GPU simulation needs SAPIEN's PhysX GPU library libPhysXGpu_64.so (PhysX {version}), "
+            f"which SAPIEN downloads from GitHub on first use, and that failed ({type(e).__name__}: {e}). "
+            f"On a machine with internet access, download https://github.com/sapien-sim/physx-precompiled/"
+            f"releases/download/{version}/linux-so.zip and unzip it into {where} on this machine; "
+            f"or use the CPU path (sim_backend='cpu', worker processes).") from e
+
+
 def _vulkan_error(e: Exception) -> bool:
     msg = str(e).lower()
     return any(k in msg for k in ("vulkan", "physical device", "vk_", "icd"))
@@ -305,6 +327,7 @@ class ManiSkillGPUEnv:
         # Keep the NVIDIA Vulkan driver where there is one; lavapipe otherwise (state obs still work).
         ensure_vulkan(lavapipe=not any(os.path.isfile(p) for p in NVIDIA_ICDS))
         check_task(cfg.task)
+        enable_physx_gpu()
         self.max_episode_steps = cfg.max_episode_steps or task_max_episode_steps(cfg.task)
         self.env = _make(cfg, num_envs, gpu=True)
         base = self.env.unwrapped

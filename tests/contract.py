@@ -51,7 +51,7 @@ def check_env_contract(env, *, horizon: int = 4) -> None:
     for i in range(n):  # nothing is earned after an env's episode ended inside the chunk
         assert (out.rewards[i, int(out.steps[i]):] == 0).all()
     # Run until every env has ended at least one episode (the time limit guarantees it).
-    ended = torch.zeros(n, dtype=torch.bool)
+    ended = torch.zeros(n, dtype=torch.bool, device=out.done.device)  # the env's device (cuda for GPU envs)
     limit = spec.max_episode_steps // horizon + 2
     for k in range(limit):
         out = env.step(_random_chunk(env, horizon, k + 1))
@@ -61,7 +61,7 @@ def check_env_contract(env, *, horizon: int = 4) -> None:
             _check_obs(env, out.final_obs)
             assert set(EPISODE_METRICS) <= set(out.episodes)
             idx = out.episodes["env_index"]
-            assert torch.equal(idx, out.done.nonzero(as_tuple=True)[0])
+            assert torch.equal(idx.cpu(), out.done.nonzero(as_tuple=True)[0].cpu())
             assert (out.episodes["length"] >= 1).all()
             assert (out.episodes["length"] <= spec.max_episode_steps).all()
             trunc = out.truncated[idx]

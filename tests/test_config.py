@@ -43,6 +43,11 @@ def test_overrides_parse_values_as_yaml():
     with pytest.raises(ConfigError, match="key.sub=value"):
         parse_overrides(["nonsense"])
     assert from_dict(Outer, parse_overrides(["inner.rate=0.5"])).inner.rate == 0.5
+    # PyYAML reads 5e-5 (no dot) as a string; a float field still takes it, a non-number is still an error
+    assert parse_overrides(["inner.rate=5e-5"]) == {"inner": {"rate": "5e-5"}}
+    assert from_dict(Outer, parse_overrides(["inner.rate=5e-5"])).inner.rate == 5e-5
+    with pytest.raises(ConfigError, match="inner.rate: expected a number, got 'fast'"):
+        from_dict(Outer, {"inner": {"rate": "fast"}})
 
 
 def test_word_tokenizer_is_stable_and_case_insensitive():

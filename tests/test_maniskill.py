@@ -19,6 +19,7 @@ from vla_rl.envs.maniskill import (
     ManiSkillConfig,
     ManiSkillSingleEnv,
     default_instruction,
+    enable_physx_gpu,
     ensure_vulkan,
     make_maniskill_env,
 )
@@ -75,6 +76,21 @@ def test_instructions_default_per_task_and_fall_back_to_the_task_words():
 def test_gpu_backend_on_a_cpu_device_is_an_error():
     with pytest.raises(ValueError, match="cuda"):
         make_maniskill_env(ManiSkillConfig(sim_backend="gpu"), 2, device="cpu")
+
+
+@sim
+def test_missing_physx_gpu_library_gets_an_error_naming_file_and_place(monkeypatch):
+    ensure_vulkan()
+    import sapien.physx
+
+    def offline():
+        raise ConnectionError("github.com unreachable")
+
+    monkeypatch.setattr(sapien.physx, "enable_gpu", offline)
+    with pytest.raises(RuntimeError, match="libPhysXGpu_64.so") as err:
+        enable_physx_gpu()
+    assert sapien.physx.version() in str(err.value) and ".sapien/physx" in str(err.value)
+    assert "ConnectionError" in str(err.value)
 
 
 # ---------------------------------------------------------------------------------------------- setup

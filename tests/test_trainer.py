@@ -86,14 +86,18 @@ def test_config_errors_name_the_key(sft_checkpoint, tmp_path):
 
 def test_cli_train_and_eval(sft_checkpoint, tmp_path, capsys):
     out = tmp_path / "cli"
-    rc = cli_main(["train", "builtin_flow_sde", f"init={sft_checkpoint}", f"out={out}", "iterations=1",
-                   "env.num_envs=8", "eval_episodes=8", "rollout_chunks=2", "ppo.update_epochs=1",
-                   "tensorboard=false", "--no-progress"])
+    # overrides on both sides of a flag are all taken
+    rc = cli_main(["train", "builtin_flow_sde", f"init={sft_checkpoint}", f"out={out}", "--no-progress",
+                   "iterations=1", "env.num_envs=8", "eval_episodes=8", "rollout_chunks=2", "ppo.update_epochs=1",
+                   "tensorboard=false"])
     assert rc == 0
     assert "eval success" in capsys.readouterr().out
     rc = cli_main(["eval", str(out / "checkpoints" / "iter_000001"), "episodes=8", "num_envs=8"])
     assert rc == 0
     assert "eval/success_once" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli_main(["eval", str(out), "--bogus-flag"])
+    assert "unrecognized arguments: --bogus-flag" in capsys.readouterr().err
 
 
 def test_grpo_chunk_advantages_by_hand():

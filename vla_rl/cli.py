@@ -75,7 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("overrides", nargs="*", help="key=value overrides")
     ev.set_defaults(func=_eval)
 
-    args = parser.parse_args(argv)
+    # argparse stops collecting positionals at the first flag; overrides after a flag
+    # (`vla-rl train preset --no-progress ppo.lr_actor=1e-4`) come back as extras and are taken here.
+    args, extra = parser.parse_known_args(argv)
+    unknown = [a for a in extra if a.startswith("-") or "=" not in a]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if extra:
+        args.overrides.extend(extra)
     # `vla-rl train key=value --resume DIR`: a first positional with '=' is an override, not a config.
     if getattr(args, "config", None) and "=" in args.config:
         args.overrides.insert(0, args.config)
