@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from vla_rl.envs.builtin import COLORS, ColorReachConfig, ColorReachEnv
+from vla_rl.envs.builtin import COLORS, QUADRANTS, ColorReachConfig, ColorReachEnv
 
 
 def test_observation_layout():
@@ -32,8 +32,10 @@ def test_seeded_resets_are_reproducible():
     assert torch.equal(oa["images"], ob["images"]) and oa["instruction"] == ob["instruction"]
 
 
-def test_scripted_expert_always_succeeds():
-    env = ColorReachEnv(64, seed=0)
+@pytest.mark.parametrize("layout,control", [("fixed", "target"), ("shuffled", "target"), ("fixed", "delta"),
+                                            ("shuffled", "delta")])
+def test_scripted_expert_always_succeeds(layout, control):
+    env = ColorReachEnv(64, config=ColorReachConfig(layout=layout, control=control), seed=0)
     env.reset(seed=0)
     successes = 0
     for _ in range(env.cfg.max_episode_steps):
@@ -46,7 +48,7 @@ def test_scripted_expert_always_succeeds():
 
 
 def test_chunk_stops_at_episode_end_and_resets_only_that_env():
-    env = ColorReachEnv(2, config=ColorReachConfig(max_episode_steps=5), seed=0)
+    env = ColorReachEnv(2, config=ColorReachConfig(max_episode_steps=5, control="delta"), seed=0)
     env.reset(seed=0)
     before = env.targets.clone()
     chunk = torch.zeros(2, 8, 2)
@@ -61,7 +63,7 @@ def test_chunk_stops_at_episode_end_and_resets_only_that_env():
 
 
 def test_partial_reset_leaves_other_envs_untouched():
-    env = ColorReachEnv(3, seed=0)
+    env = ColorReachEnv(3, config=ColorReachConfig(control="delta"), seed=0)
     env.reset(seed=0)
     targets = env.targets.clone()
     pos0 = env.pos.clone()
@@ -73,6 +75,38 @@ def test_partial_reset_leaves_other_envs_untouched():
     assert out.terminated[0] and out.success[0] and out.rewards[0, 0] > 1.0
     assert out.episodes["env_index"].tolist() == [0] and out.episodes["success_once"].tolist() == [True]
     assert torch.equal(env.targets[1:], targets[1:]) and torch.equal(env.pos[1:], pos0[1:])
+
+
+def test_fixed_layout_puts_each_colour_in_its_quadrant_and_shuffled_does_not():
+    fixed = ColorReachEnv(256, seed=0)
+    fixed.reset(seed=0)
+    quadrant = (fixed.targets[..., 0] > 0).long() + 2 * (fixed.targets[..., 1] > 0).long()  # [N, 3]
+    assert (quadrant == torch.tensor([0, 1, 2])).all()
+    assert ((fixed.pos[:, 0] > 0) & (fixed.pos[:, 1] > 0)).all()  # the agent starts in the last quadrant
+    assert (fixed.targets - QUADRANTS[:3]).abs().amax() <= fixed.cfg.jitter + 1e-6
+    shuffled = ColorReachEnv(256, config=ColorReachConfig(layout="shuffled"), seed=0)
+    shuffled.reset(seed=0)
+    quadrant = (shuffled.targets[..., 0] > 0).long() + 2 * (shuffled.targets[..., 1] > 0).long()
+    assert len({tuple(q) for q in quadrant.tolist()}) > 6  # many arrangements (24 possible)
+
+
+def test_target_control_heads_for_the_commanded_point_at_step_size():
+    env = ColorReachEnv(2, config=ColorReachConfig(control="target"), seed=0)
+    env.reset(seed=0)
+    env.pos[:] = torch.tensor([[0.5, 0.5], [0.5, 0.5]])
+    # env 0: far target -> one full step per axis; env 1: target closer than a step -> reached exactly
+    out = env.step(torch.tensor([[[-1.0, 0.5]], [[0.45, 0.52]]]))
+    assert torch.allclose(env.pos[0], torch.tensor([0.5 - env.cfg.step_size, 0.5]))
+    assert out.steps.tolist() == [1, 1]
+    assert torch.allclose(env.pos[1], torch.tensor([0.45, 0.52])) or out.done[1]
+    assert torch.equal(env.expert_action(), env.goal_position())
+
+
+def test_unknown_levels_are_errors():
+    with pytest.raises(ValueError, match="layout"):
+        ColorReachEnv(1, config=ColorReachConfig(layout="diagonal"))
+    with pytest.raises(ValueError, match="control"):
+        ColorReachEnv(1, config=ColorReachConfig(control="velocity"))
 
 
 def test_sparse_reward_is_success_only():

@@ -128,3 +128,38 @@ def test_grpo_run_groups_envs_by_initial_state(sft_checkpoint, tmp_path):
     assert torch.equal(obs["images"][0], obs["images"][3]) and not torch.equal(obs["images"][0], obs["images"][4])
     history = trainer.run()
     assert history[-1]["iteration"] == 1 and "train/samples" in history[-1]
+
+
+def test_critic_warm_up_moves_the_value_head_only(sft_checkpoint):
+    from vla_rl.actor import SamplerConfig
+    from vla_rl.checkpoint import load_policy
+    from vla_rl.envs.builtin import ColorReachEnv
+    from vla_rl.learner import Learner, PPOConfig
+    from vla_rl.rollout import LogProbConfig, collect_rollout
+
+    model, norm, _ = load_policy(sft_checkpoint)
+    actor = Actor(model, norm, env_state_dim=4, env_action_dim=2)
+    env = ColorReachEnv(8, seed=0)
+    learner = Learner(actor, PPOConfig(critic_warmup_iters=1, update_epochs=1, minibatches=2), method="sde",
+                      noise_level=0.5, execute=8)
+    ro, _ = collect_rollout(actor, env, env.reset(seed=0), num_chunks=2, sampler=SamplerConfig(4, "sde"),
+                            execute=8, log_prob=LogProbConfig(), generator=torch.Generator().manual_seed(0))
+
+    def snapshot():
+        return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    before = snapshot()
+    learner.update(ro, iteration=0)  # warm-up: only the critic learns, the policy stays where it was
+    after = snapshot()
+    moved = {n for n in before if not torch.equal(before[n], after[n])}
+    assert moved and all(n.startswith("value_head") for n in moved), moved
+    learner.update(ro, iteration=1)  # after the warm-up the policy trains too
+    assert any(not torch.equal(after[n], p) for n, p in model.named_parameters() if not n.startswith("value_head"))
+
+
+def test_actor_learning_rate_schedule_by_hand():
+    from vla_rl.learner import PPOConfig, actor_lr_scale
+
+    cfg = PPOConfig(critic_warmup_iters=2, actor_lr_warmup_iters=4)
+    assert [actor_lr_scale(i, cfg) for i in range(8)] == [0.0, 0.0, 0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert [actor_lr_scale(i, PPOConfig()) for i in range(3)] == [1.0, 1.0, 1.0]

@@ -48,6 +48,10 @@ class PPOConfig:
     max_grad_norm: float = 1.0
     target_kl: float | None = None
     critic_warmup_iters: int = 0
+    # The actor's learning rate ramps up linearly over this many policy-update iterations (after the
+    # critic warm-up): the first full-size Adam steps from an SFT policy move the chunk log-likelihood
+    # far (approx-KL ~2 on the built-in task at lr 1e-4) before the ratio clip can hold them.
+    actor_lr_warmup_iters: int = 0
     freeze_prefix: bool = False
     log_prob: LogProbConfig = LogProbConfig()
 
@@ -100,6 +104,9 @@ class Learner:
         chain, stoch = flat(ro.chain), flat(ro.stochastic)
         old_lp, old_v, adv, ret = flat(ro.old_log_prob), flat(ro.values), flat(adv), flat(ret)
         critic_only = iteration < cfg.critic_warmup_iters
+        for group in self.optimizer.param_groups:  # the schedule is a function of the iteration alone
+            if group.get("name") == "actor":
+                group["lr"] = cfg.lr_actor * actor_lr_scale(iteration, cfg)
         mb_size = math.ceil(total / cfg.minibatches)
         gen = torch.Generator().manual_seed(iteration)
         sums: dict[str, float] = {}
@@ -129,6 +136,11 @@ class Learner:
                     self.skipped_steps += 1  # never apply (nor later save) a non-finite update
                     self.optimizer.zero_grad(set_to_none=True)
                     continue
+                if critic_only:  # warm-up trains the value head alone: the policy must not move yet
+                    for group in self.optimizer.param_groups:
+                        if group.get("name") == "actor":
+                            for p in group["params"]:
+                                p.grad = None
                 self.optimizer.step()
                 mb_metrics["losses/grad_norm"] = float(grad_norm)
                 for k, v in mb_metrics.items():
@@ -169,6 +181,17 @@ class Learner:
                 metrics["losses/entropy"] = float(ent)
         metrics["losses/total"] = float(loss.detach())
         return loss, metrics
+
+
+def actor_lr_scale(iteration: int, cfg: PPOConfig) -> float:
+    """Factor on ``lr_actor`` at ``iteration`` (0-based): 0 during the critic warm-up, then a linear ramp
+    over ``actor_lr_warmup_iters`` iterations (1/n, 2/n, ..., 1), then 1."""
+    k = iteration - cfg.critic_warmup_iters
+    if k < 0:
+        return 0.0
+    if cfg.actor_lr_warmup_iters <= 0:
+        return 1.0
+    return min(1.0, (k + 1) / cfg.actor_lr_warmup_iters)
 
 
 def grpo_chunk_advantages(ro: Rollout, *, group_size: int,
