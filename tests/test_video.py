@@ -10,7 +10,9 @@ from vla_rl.envs.video import VideoRecorder, record_video
 
 
 def _record_colorreach(chunks: int, indices=(0, 2), scale: int = 1) -> tuple[VideoRecorder, ColorReachEnv]:
-    env = ColorReachEnv(4, config=ColorReachConfig(max_episode_steps=200), seed=0)
+    # delta control: a small action keeps the agent moving, so no two frames are equal (a GIF writer
+    # merges equal consecutive frames, which would change the frame count this test reads back)
+    env = ColorReachEnv(4, config=ColorReachConfig(max_episode_steps=200, control="delta"), seed=0)
     rec = VideoRecorder(env, indices, fps=5, scale=scale)
     rec.add(env.reset())
     for _ in range(chunks):

@@ -1,5 +1,14 @@
-"""The quick demonstration behind ``vla-rl demo``: few-shot SFT on the built-in task, then sampling
-with every method (ODE, Flow-SDE, Flow-Noise), each evaluated on the same fixed seeds."""
+"""The quick demonstration behind ``vla-rl demo`` (and ``make demo``): few-shot SFT on the built-in task,
+then online RL from that policy, then evaluation, printing success before and after RL.
+
+1. Collect ``demos`` scripted-expert episodes, train the ``model`` preset on them (flow matching), save
+   the policy to ``<out>/sft``.
+2. Evaluate it with each sampler (ODE, Flow-SDE, Flow-Noise) on the same fixed seeds, with the chunk
+   log-likelihood the RL methods use.
+3. Run the ``rl`` experiment preset (Flow-SDE PPO by default) from that policy for ``rl_iterations``
+   iterations into ``<out>/rl`` (a normal run folder: metrics, TensorBoard, checkpoints).
+4. Evaluate before and after RL with the deterministic ODE sampler on the same seeds.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +21,8 @@ import torch
 from vla_rl.actor import Actor, SamplerConfig
 from vla_rl.checkpoint import save_policy
 from vla_rl.collect import collect_builtin_demos
-from vla_rl.config import to_dict
-from vla_rl.envs.builtin import ColorReachEnv
+from vla_rl.config import load_preset, to_dict
+from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
 from vla_rl.evaluate import evaluate
 from vla_rl.policies import flow
 from vla_rl.policies.config import policy_preset
@@ -25,21 +34,26 @@ from vla_rl.sft import SFTConfig, train_sft
 @dataclass(frozen=True)
 class DemoConfig:
     model: str = "tiny"
-    demos: int = 20
-    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=1000))
+    env: ColorReachConfig = field(default_factory=ColorReachConfig)  # the built-in task's level
+    demos: int = 10
+    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=500))
     num_steps: int = 4
     execute: int = 8
-    eval_episodes: int = 100
+    eval_episodes: int = 200
+    rl: str = "builtin_flow_sde"    # experiment preset of the RL stage (configs/experiment)
+    rl_iterations: int = 40         # 0: SFT only
     seed: int = 0
     out: str = "runs/demo"
 
 
 def run_demo(cfg: DemoConfig, *, progress: bool = True) -> dict:
+    from vla_rl.trainer import TrainConfig, Trainer
+
     torch.manual_seed(cfg.seed)
     t0 = time.time()
-    data = collect_builtin_demos(cfg.demos, seed=cfg.seed)
+    data = collect_builtin_demos(cfg.demos, seed=cfg.seed, config=cfg.env)
     print(f"collected {data.num_episodes} expert demos ({len(data)} frames) of the built-in ColorReach task")
-    env = ColorReachEnv(min(cfg.eval_episodes, 100), seed=cfg.seed)
+    env = ColorReachEnv(min(cfg.eval_episodes, 100), config=cfg.env, seed=cfg.seed)
     spec = env.spec
     norm = NormStats(Stats.of(data.state), Stats.of(data.action))
     model = FlowPolicy(policy_preset(cfg.model))
@@ -47,13 +61,24 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True) -> dict:
     print(f"policy '{cfg.model}': {count_parameters(model) / 1e6:.2f}M parameters; SFT for {cfg.sft.steps} steps")
     log = train_sft(actor, data, cfg.sft, progress=progress)
     print(f"flow-matching loss {log[0]['losses/flow_matching']:.3f} -> {log[-1]['losses/flow_matching']:.3f}")
-    results = {}
-    print(f"\n{'sampler':<22}{'success':>9}{'return':>9}{'log-prob/chunk':>16}")
+    sft_path = save_policy(Path(cfg.out) / "sft", model, norm,
+                           meta={"env": {"name": "builtin/color_reach", "state_dim": spec.state_dim,
+                                         "action_dim": spec.action_dim}, "demo": to_dict(cfg)})
+    eval_seed = 10_000 + cfg.seed
+
+    def success(policy: Actor) -> float:
+        m = evaluate(policy, env, num_episodes=cfg.eval_episodes, sampler=SamplerConfig(cfg.num_steps, "ode"),
+                     execute=cfg.execute, seed=eval_seed)
+        return m["eval/success_once"]
+
+    results: dict = {"sft_log": log, "samplers": {}}
+    print(f"\nSFT policy, {cfg.eval_episodes} episodes per sampler")
+    print(f"{'sampler':<22}{'success':>9}{'return':>9}{'log-prob/chunk':>16}")
     for name, sampler in [("ODE (deterministic)", SamplerConfig(cfg.num_steps, "ode")),
                           ("Flow-SDE (mixed)", SamplerConfig(cfg.num_steps, "sde", sde_mode="mixed")),
                           ("Flow-Noise", SamplerConfig(cfg.num_steps, "noise"))]:
         m = evaluate(actor, env, num_episodes=cfg.eval_episodes, sampler=sampler, execute=cfg.execute,
-                     seed=10_000 + cfg.seed)
+                     seed=eval_seed)
         with torch.inference_mode():  # log-likelihood of a batch of sampled chunks (πRL aggregation)
             obs = env.reset(seed=cfg.seed)
             act = actor.act(obs, sampler, generator=torch.Generator().manual_seed(cfg.seed))
@@ -61,9 +86,23 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True) -> dict:
                                 dim_mask=actor.dim_mask)
         lp_text = "-" if sampler.method == "ode" else f"{lp.mean().item():.2f}"
         print(f"{name:<22}{m['eval/success_once']:>9.2f}{m['eval/return']:>9.2f}{lp_text:>16}")
-        results[name] = m
-    path = save_policy(Path(cfg.out) / "sft", model, norm,
-                       meta={"env": {"name": "builtin/color_reach", "state_dim": spec.state_dim,
-                                     "action_dim": spec.action_dim}, "demo": to_dict(cfg)})
-    print(f"\nsaved the SFT policy to {path} ({time.time() - t0:.0f} s in all)")
-    return {"sft_log": log, "eval": results}
+        results["samplers"][name] = m
+    before = results["samplers"]["ODE (deterministic)"]["eval/success_once"]
+    results["success_before_rl"] = before
+    print(f"\nsaved the SFT policy to {sft_path} ({time.time() - t0:.0f} s so far)")
+    if cfg.rl_iterations <= 0:
+        return results
+
+    train_cfg = load_preset(TrainConfig, "experiment", cfg.rl, {
+        "init": str(sft_path), "out": str(Path(cfg.out) / "rl"), "iterations": cfg.rl_iterations,
+        "env": {"builtin": to_dict(cfg.env)},
+        "seed": cfg.seed, "progress": progress, "eval_every": max(1, cfg.rl_iterations // 4)})
+    print(f"\nRL: preset '{cfg.rl}' ({train_cfg.sampler.method}, {train_cfg.ppo.algorithm}), "
+          f"{cfg.rl_iterations} iterations x {train_cfg.env.num_envs} envs -> {train_cfg.out}")
+    trainer = Trainer(train_cfg)
+    results["rl_history"] = trainer.run()
+    after = success(trainer.actor)
+    results["success_after_rl"] = after
+    print(f"\nsuccess (ODE sampler, {cfg.eval_episodes} episodes, seeds {eval_seed}...): "
+          f"SFT {before:.2f} -> after RL {after:.2f}   ({time.time() - t0:.0f} s in all)")
+    return results
