@@ -92,7 +92,8 @@ def test_cli_train_and_eval(sft_checkpoint, tmp_path, capsys):
                    "tensorboard=false"])
     assert rc == 0
     assert "eval success" in capsys.readouterr().out
-    rc = cli_main(["eval", str(out / "checkpoints" / "iter_000001"), "episodes=8", "num_envs=8"])
+    rc = cli_main(["eval", str(out / "checkpoints" / "iter_000001"), "episodes=8", "num_envs=8",
+                   "env.builtin.max_episode_steps=12"])  # env fields can be overridden at evaluation
     assert rc == 0
     assert "eval/success_once" in capsys.readouterr().out
     with pytest.raises(SystemExit):

@@ -7,6 +7,7 @@ import sys
 
 from vla_rl.checkpoint import CheckpointError
 from vla_rl.config import ConfigError, from_dict, merge, parse_overrides, preset_path, read_yaml
+from vla_rl.lerobot import LeRobotDatasetError
 
 
 def _demo(args) -> int:
@@ -50,6 +51,23 @@ def _eval(args) -> int:
     return 0
 
 
+def _collect(args) -> int:
+    from vla_rl.collect import CollectConfig, collect_dataset
+
+    cfg = from_dict(CollectConfig, parse_overrides(args.overrides))
+    path = collect_dataset(args.kind, args.out, cfg)
+    print(f"wrote {cfg.episodes} {args.kind} expert episodes as a LeRobot v3.0 dataset to {path}")
+    return 0
+
+
+def _sft(args) -> int:
+    from vla_rl.sft import SFTRunConfig, run_sft
+
+    cfg = from_dict(SFTRunConfig, parse_overrides(args.overrides))
+    run_sft(args.dataset, cfg, progress=not args.no_progress)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vla-rl", description="RL fine-tuning of flow-matching VLA policies")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -75,6 +93,22 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("overrides", nargs="*", help="key=value overrides")
     ev.set_defaults(func=_eval)
 
+    col = sub.add_parser("collect", help="record scripted-expert demos as a LeRobot v3.0 dataset",
+                         description="KIND: builtin. Overrides: episodes=50 seed=0 noise=0.1 fps=10 "
+                                     "env.layout=shuffled env.control=delta ...")
+    col.add_argument("kind", help="which task's expert (builtin)")
+    col.add_argument("out", help="dataset folder to write (replaced atomically if it exists)")
+    col.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
+    col.set_defaults(func=_collect)
+
+    sft = sub.add_parser("sft", help="flow-matching SFT of a policy on a LeRobot v3.0 dataset",
+                         description="Overrides: model=tiny steps=500 out=runs/sft eval_episodes=100 "
+                                     "policy.depth=2 norm=quantile ...")
+    sft.add_argument("dataset", help="LeRobot v3.0 dataset folder (image features)")
+    sft.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
+    sft.add_argument("--no-progress", action="store_true", help="no progress bars")
+    sft.set_defaults(func=_sft)
+
     # argparse stops collecting positionals at the first flag; overrides after a flag
     # (`vla-rl train preset --no-progress ppo.lr_actor=1e-4`) come back as extras and are taken here.
     args, extra = parser.parse_known_args(argv)
@@ -94,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except CheckpointError as e:
         print(f"vla-rl: checkpoint error: {e}", file=sys.stderr)
+        return 2
+    except LeRobotDatasetError as e:
+        print(f"vla-rl: dataset error: {e}", file=sys.stderr)
         return 2
 
 

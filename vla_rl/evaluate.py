@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -54,7 +55,7 @@ class EvalConfig:
     execute: int = 8
     num_envs: int = 100
     device: str = "cpu"
-    env: dict = field(default_factory=dict)
+    env: dict[str, Any] = field(default_factory=dict)  # fields of the checkpoint's env config to override
 
 
 def evaluate_checkpoint(path: str | Path, overrides: dict | None = None) -> dict[str, float]:

@@ -1,0 +1,162 @@
+"""LeRobot v3.0 datasets: round trip, on-disk layout, stats, errors, and `vla-rl collect` -> `vla-rl sft`."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from vla_rl.collect import collect_builtin_demos
+from vla_rl.lerobot import LeRobotDatasetError, read_lerobot_dataset, write_lerobot_dataset
+
+COLUMNS = ("images", "state", "action", "episode_index", "frame_index", "task_index")
+
+
+@pytest.fixture(scope="module")
+def demos():
+    return collect_builtin_demos(3, seed=0, num_envs=4)
+
+
+@pytest.fixture()
+def dataset(tmp_path, demos):
+    return write_lerobot_dataset(tmp_path / "ds", demos, fps=10, camera_names=["top"], robot_type="point",
+                                 extra_info={"vla_rl": {"env": "builtin"}})
+
+
+def test_round_trip(dataset, demos):
+    back = read_lerobot_dataset(dataset)
+    for name in COLUMNS:
+        a, b = getattr(demos, name), getattr(back, name)
+        assert a.shape == b.shape and a.dtype == b.dtype, name
+        assert torch.equal(a, b), name
+    assert back.tasks == demos.tasks
+
+
+def test_layout(dataset, demos):
+    info = json.loads((dataset / "meta" / "info.json").read_text())
+    for key in ("codebase_version", "robot_type", "total_episodes", "total_frames", "total_tasks", "chunks_size",
+                "data_files_size_in_mb", "video_files_size_in_mb", "fps", "splits", "data_path", "video_path",
+                "features"):
+        assert key in info, key
+    m = len(demos)
+    assert info["codebase_version"] == "v3.0" and info["fps"] == 10 and info["robot_type"] == "point"
+    assert (info["total_episodes"], info["total_frames"], info["total_tasks"]) == (3, m, len(demos.tasks))
+    assert info["splits"] == {"train": "0:3"} and info["vla_rl"] == {"env": "builtin"}
+    feats = info["features"]
+    assert feats["observation.images.top"] == {"dtype": "image", "shape": [32, 32, 3],
+                                               "names": ["height", "width", "channel"]}
+    assert feats["observation.state"]["dtype"] == "float32" and feats["observation.state"]["shape"] == [4]
+    assert feats["action"]["shape"] == [2]
+    for name in ("frame_index", "episode_index", "index", "task_index"):
+        assert feats[name]["dtype"] == "int64"
+
+    data = pq.read_table(dataset / info["data_path"].format(chunk_index=0, file_index=0))
+    assert set(data.column_names) == set(feats)
+    assert data.schema.field("observation.state").type == pa.list_(pa.float32())
+    assert data.schema.field("timestamp").type == pa.float32()
+    assert data.column("index").to_pylist() == list(range(m))
+    assert data.column("observation.images.top")[0].as_py()["bytes"][:8] == b"\x89PNG\r\n\x1a\n"
+
+    episodes = pq.read_table(dataset / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
+    ep_col = data.column("episode_index").to_numpy()
+    assert [e["episode_index"] for e in episodes] == [0, 1, 2]
+    assert episodes[0]["dataset_from_index"] == 0 and episodes[-1]["dataset_to_index"] == m
+    for e in episodes:
+        lo, hi = e["dataset_from_index"], e["dataset_to_index"]
+        assert hi - lo == e["length"] and (ep_col[lo:hi] == e["episode_index"]).all()
+        assert (e["data/chunk_index"], e["data/file_index"]) == (0, 0)
+        tasks = {demos.tasks[t] for t in demos.task_index[lo:hi].tolist()}
+        assert e["tasks"] == sorted(tasks)
+
+    tasks = pq.read_table(dataset / "meta" / "tasks.parquet")
+    assert tasks.column("task").to_pylist() == demos.tasks
+    assert tasks.column("task_index").to_pylist() == list(range(len(demos.tasks)))
+    assert json.loads(tasks.schema.metadata[b"pandas"])["index_columns"] == ["task"]  # pandas: task is the index
+
+
+def test_stats_match_numpy(dataset, demos):
+    stats = json.loads((dataset / "meta" / "stats.json").read_text())
+    for key, x in (("observation.state", demos.state.double().numpy()), ("action", demos.action.double().numpy())):
+        for name, fn in (("min", np.min), ("max", np.max), ("mean", np.mean), ("std", np.std)):
+            np.testing.assert_allclose(stats[key][name], fn(x, axis=0), rtol=1e-6, atol=1e-7)
+        assert stats[key]["count"] == [len(demos)]
+    img = demos.images[:, 0].double().numpy() / 255.0   # LeRobot: per channel, in [0, 1], shape [3, 1, 1]
+    for name, fn in (("min", np.min), ("max", np.max), ("mean", np.mean), ("std", np.std)):
+        got = np.asarray(stats["observation.images.top"][name])
+        assert got.shape == (3, 1, 1)
+        np.testing.assert_allclose(got.ravel(), fn(img, axis=(0, 1, 2)), rtol=1e-9)
+
+
+def _edit_info(dataset, **changes):
+    path = dataset / "meta" / "info.json"
+    info = json.loads(path.read_text())
+    info.update(changes)
+    path.write_text(json.dumps(info))
+    return info
+
+
+def test_errors_name_the_problem(dataset, tmp_path):
+    with pytest.raises(LeRobotDatasetError, match="missing meta/info.json"):
+        read_lerobot_dataset(tmp_path)
+    info = _edit_info(dataset, codebase_version="v2.1")
+    with pytest.raises(LeRobotDatasetError, match="'v2.1' is not supported"):
+        read_lerobot_dataset(dataset)
+    feats = dict(info["features"], **{"observation.images.top": {"dtype": "video", "shape": [32, 32, 3]}})
+    _edit_info(dataset, codebase_version="v3.0", features=feats)
+    with pytest.raises(LeRobotDatasetError, match="video-backed"):
+        read_lerobot_dataset(dataset)
+    feats = dict(info["features"], action={"dtype": "float32", "shape": [3], "names": None})
+    _edit_info(dataset, features=feats)
+    with pytest.raises(LeRobotDatasetError, match="'action' has 2 values in row 0, info.json says shape \\[3\\]"):
+        read_lerobot_dataset(dataset)
+    with pytest.raises(LeRobotDatasetError, match="no feature 'observation.wrist'"):
+        read_lerobot_dataset(dataset, state_key="observation.wrist")
+
+
+def test_missing_column_and_corrupt_file(dataset):
+    data_file = dataset / "data/chunk-000/file-000.parquet"
+    table = pq.read_table(data_file)
+    pq.write_table(table.drop_columns(["action"]), data_file)
+    with pytest.raises(LeRobotDatasetError, match="has no column 'action'"):
+        read_lerobot_dataset(dataset)
+    data_file.write_bytes(b"PAR1 this is not a parquet file")
+    with pytest.raises(LeRobotDatasetError, match="corrupt parquet file .*file-000.parquet"):
+        read_lerobot_dataset(dataset)
+
+
+def test_write_is_atomic(dataset, demos, monkeypatch):
+    import vla_rl.lerobot as lerobot
+
+    before = sorted(p.relative_to(dataset) for p in dataset.rglob("*"))
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(lerobot, "_tasks_table", boom)
+    with pytest.raises(RuntimeError, match="disk full"):
+        write_lerobot_dataset(dataset, demos, fps=10, camera_names=["top"])
+    assert sorted(p.relative_to(dataset) for p in dataset.rglob("*")) == before   # old dataset untouched
+    assert [p.name for p in dataset.parent.iterdir()] == ["ds"]                   # no temporary left behind
+
+
+def test_cli_collect_then_sft(tmp_path, capsys):
+    from vla_rl.checkpoint import load_policy
+    from vla_rl.cli import main
+
+    ds, out = tmp_path / "demos", tmp_path / "policy"
+    assert main(["collect", "builtin", str(ds), "episodes=3", "num_envs=4", "env.jitter=0.2"]) == 0
+    info = json.loads((ds / "meta" / "info.json").read_text())
+    assert info["vla_rl"]["env"] == "builtin" and info["vla_rl"]["env_config"]["jitter"] == 0.2
+    assert main(["sft", str(ds), "--no-progress", "steps=3", "batch_size=8", "eval_episodes=4",
+                 f"out={out}", "policy.depth=1"]) == 0
+    text = capsys.readouterr().out
+    assert "success (ODE sampler, 4 episodes" in text
+    model, norm, config = load_policy(out)
+    assert config["env"] == {"name": "builtin/color_reach", "state_dim": 4, "action_dim": 2}
+    assert config["policy"]["depth"] == 1 and len(config["sft"]["tasks"]) >= 1
+    assert main(["sft", str(ds), "stepz=3"]) == 2           # unknown keys are errors
+    assert main(["collect", "maniskill", str(tmp_path / "x")]) == 2

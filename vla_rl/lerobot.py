@@ -1,0 +1,421 @@
+"""Demonstrations on disk in LeRobot's dataset format v3.0, read and written with pyarrow alone.
+
+``lerobot`` itself is not a dependency (its releases pin an older torch), so this module implements the
+part of the format a :class:`~vla_rl.data.DemoDataset` needs::
+
+    DATASET/
+      meta/info.json                             codebase_version "v3.0", fps, features, paths, counts
+      meta/stats.json                            per feature min / max / mean / std / count
+      meta/tasks.parquet                         task string (pandas index) -> task_index
+      meta/episodes/chunk-000/file-000.parquet   one row per episode: length, tasks, frame range, data file
+      data/chunk-000/file-000.parquet            one row per frame
+
+Camera images are ``"dtype": "image"`` features: PNG bytes inside the data parquet (a struct
+``{"bytes", "path"}``, as Hugging Face ``datasets`` stores images). Video-backed features (``"video"``,
+frames in MP4 files) are rejected on reading with a clear error; so are other codebase versions.
+Nothing is ever unpickled: parquet and JSON only.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from PIL import Image
+
+from vla_rl.data import DemoDataset
+
+CODEBASE_VERSION = "v3.0"
+CHUNKS_SIZE = 1000            # files per chunk folder (LeRobot's default)
+DATA_FILES_SIZE_MB = 100      # a data file is closed at the first episode boundary past this size
+DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+IMAGE_PREFIX = "observation.images."
+
+
+class LeRobotDatasetError(ValueError):
+    """A dataset folder is missing, corrupt, of an unsupported version or inconsistent with its info.json."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------------------------------------
+def _png(frame: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(frame).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _stats(x: np.ndarray) -> dict:
+    """LeRobot's per-feature statistics of ``x`` ``[M, ...]`` over the frame axis."""
+    x = x.astype(np.float64)
+    return {"min": x.min(0).tolist(), "max": x.max(0).tolist(), "mean": x.mean(0).tolist(),
+            "std": x.std(0).tolist(), "count": [int(x.shape[0])]}
+
+
+def _image_stats(images: np.ndarray) -> dict:
+    """Per-channel statistics of uint8 images ``[M, H, W, 3]``, scaled to [0, 1] and shaped ``[3, 1, 1]``
+    as LeRobot stores them (it normalises images channel-wise after dividing by 255)."""
+    x = images.astype(np.float64) / 255.0
+    out = {}
+    for name, fn in (("min", np.min), ("max", np.max), ("mean", np.mean), ("std", np.std)):
+        out[name] = fn(x, axis=(0, 1, 2)).reshape(3, 1, 1).tolist()
+    out["count"] = [int(images.shape[0])]
+    return out
+
+
+def _vector_feature(dim: int, dtype: str = "float32") -> dict:
+    return {"dtype": dtype, "shape": [dim], "names": None}
+
+
+def _episode_ranges(episode_index: np.ndarray) -> list[tuple[int, int, int]]:
+    """``(episode, from, to)`` of each run of equal episode indices, in order; episodes must be contiguous."""
+    if episode_index.size == 0:
+        return []
+    cuts = np.flatnonzero(episode_index[1:] != episode_index[:-1]) + 1
+    starts, ends = np.concatenate([[0], cuts]), np.concatenate([cuts, [episode_index.size]])
+    ranges = [(int(episode_index[s]), int(s), int(e)) for s, e in zip(starts, ends)]
+    eps = [r[0] for r in ranges]
+    if len(set(eps)) != len(eps):
+        raise ValueError("the frames of each episode must be contiguous (an episode index appears twice)")
+    return ranges
+
+
+def _write_parquet(table: pa.Table, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+
+
+def _tasks_table(tasks: list[str]) -> pa.Table:
+    """meta/tasks.parquet: LeRobot writes a pandas frame indexed by the task string; the pandas metadata
+    written here makes ``pandas.read_parquet`` restore that index, while pyarrow sees a plain column."""
+    table = pa.table({"task_index": pa.array(range(len(tasks)), pa.int64()), "task": pa.array(tasks, pa.string())})
+    pandas_meta = {
+        "index_columns": ["task"], "column_indexes": [],
+        "columns": [{"name": "task_index", "field_name": "task_index", "pandas_type": "int64",
+                     "numpy_type": "int64", "metadata": None},
+                    {"name": "task", "field_name": "task", "pandas_type": "unicode",
+                     "numpy_type": "object", "metadata": None}],
+        "creator": {"library": "vla_rl"}, "pandas_version": "2.2.0"}
+    return table.replace_schema_metadata({b"pandas": json.dumps(pandas_meta).encode()})
+
+
+def write_lerobot_dataset(path: str | Path, data: DemoDataset, *, fps: int, camera_names: list[str] | tuple[str, ...],
+                          robot_type: str | None = None, extra_info: dict | None = None) -> Path:
+    """Write ``data`` as a LeRobot v3.0 dataset folder at ``path`` (replacing one that is there).
+
+    ``camera_names`` names the C cameras (features ``observation.images.<name>``); ``extra_info`` is
+    merged into info.json (``vla_rl`` records the env a dataset came from there). The folder is built
+    in a temporary sibling and renamed into place, so a crash never leaves a half-written dataset and
+    never destroys the previous one.
+    """
+    path = Path(path)
+    if fps < 1:
+        raise ValueError(f"fps must be >= 1, got {fps}")
+    images = data.images.numpy()
+    if images.dtype != np.uint8 or images.ndim != 5 or images.shape[-1] != 3:
+        raise ValueError(f"images must be uint8 [M, C, H, W, 3], got {images.dtype} {tuple(images.shape)}")
+    m, num_cams, h, w, _ = images.shape
+    if len(camera_names) != num_cams:
+        raise ValueError(f"{len(camera_names)} camera names for {num_cams} cameras")
+    if m == 0:
+        raise ValueError("cannot write an empty dataset")
+    state = data.state.float().numpy()
+    action = data.action.float().numpy()
+    episode_index = data.episode_index.long().numpy()
+    frame_index = data.frame_index.long().numpy()
+    task_index = data.task_index.long().numpy()
+    ranges = _episode_ranges(episode_index)
+    image_keys = [IMAGE_PREFIX + c for c in camera_names]
+
+    features: dict[str, dict] = {
+        key: {"dtype": "image", "shape": [h, w, 3], "names": ["height", "width", "channel"]} for key in image_keys}
+    features.update({
+        "observation.state": _vector_feature(state.shape[1]), "action": _vector_feature(action.shape[1]),
+        "timestamp": _vector_feature(1), "frame_index": _vector_feature(1, "int64"),
+        "episode_index": _vector_feature(1, "int64"), "index": _vector_feature(1, "int64"),
+        "task_index": _vector_feature(1, "int64")})
+    # LeRobot's timestamps are frame_index / fps within each episode.
+    timestamp = (frame_index / fps).astype(np.float32)
+
+    def frames_table(lo: int, hi: int, pngs: dict[str, list[bytes]]) -> pa.Table:
+        image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+        cols = {key: pa.array([{"bytes": b, "path": None} for b in pngs[key]], image_type) for key in image_keys}
+        cols.update({
+            "observation.state": pa.array(list(state[lo:hi]), pa.list_(pa.float32())),
+            "action": pa.array(list(action[lo:hi]), pa.list_(pa.float32())),
+            "timestamp": pa.array(timestamp[lo:hi], pa.float32()),
+            "frame_index": pa.array(frame_index[lo:hi], pa.int64()),
+            "episode_index": pa.array(episode_index[lo:hi], pa.int64()),
+            "index": pa.array(np.arange(lo, hi), pa.int64()),
+            "task_index": pa.array(task_index[lo:hi], pa.int64())})
+        return pa.table(cols)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        # Data files: whole episodes, a new file once the current one passes DATA_FILES_SIZE_MB.
+        episode_rows: list[dict] = []
+        file_no, file_start, file_bytes = 0, ranges[0][1], 0
+        pngs: dict[str, list[bytes]] = {k: [] for k in image_keys}
+
+        def flush(end: int) -> None:
+            nonlocal file_no, file_start, file_bytes, pngs
+            chunk, fidx = divmod(file_no, CHUNKS_SIZE)
+            _write_parquet(frames_table(file_start, end, pngs),
+                           tmp / DATA_PATH.format(chunk_index=chunk, file_index=fidx))
+            file_no, file_start, file_bytes = file_no + 1, end, 0
+            pngs = {k: [] for k in image_keys}
+
+        for ep, lo, hi in ranges:
+            chunk, fidx = divmod(file_no, CHUNKS_SIZE)
+            for c, key in enumerate(image_keys):
+                encoded = [_png(images[i, c]) for i in range(lo, hi)]
+                pngs[key].extend(encoded)
+                file_bytes += sum(len(b) for b in encoded)
+            file_bytes += (hi - lo) * 4 * (state.shape[1] + action.shape[1] + 10)
+            tasks = sorted({data.tasks[t] for t in task_index[lo:hi].tolist()})
+            episode_rows.append({"episode_index": ep, "tasks": tasks, "length": hi - lo,
+                                 "data/chunk_index": chunk, "data/file_index": fidx,
+                                 "dataset_from_index": lo, "dataset_to_index": hi,
+                                 "meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0})
+            if file_bytes >= DATA_FILES_SIZE_MB * 1024 * 1024:
+                flush(hi)
+        if file_start < m:
+            flush(m)
+
+        episodes = pa.table({
+            "episode_index": pa.array([r["episode_index"] for r in episode_rows], pa.int64()),
+            "tasks": pa.array([r["tasks"] for r in episode_rows], pa.list_(pa.string())),
+            "length": pa.array([r["length"] for r in episode_rows], pa.int64()),
+            **{k: pa.array([r[k] for r in episode_rows], pa.int64()) for k in (
+                "data/chunk_index", "data/file_index", "dataset_from_index", "dataset_to_index",
+                "meta/episodes/chunk_index", "meta/episodes/file_index")}})
+        _write_parquet(episodes, tmp / EPISODES_PATH.format(chunk_index=0, file_index=0))
+        _write_parquet(_tasks_table(list(data.tasks)), tmp / "meta" / "tasks.parquet")
+
+        stats = {key: _image_stats(images[:, c]) for c, key in enumerate(image_keys)}
+        stats.update({"observation.state": _stats(state), "action": _stats(action),
+                      "timestamp": _stats(timestamp[:, None]), "frame_index": _stats(frame_index[:, None]),
+                      "episode_index": _stats(episode_index[:, None]), "index": _stats(np.arange(m)[:, None]),
+                      "task_index": _stats(task_index[:, None])})
+        info = {
+            "codebase_version": CODEBASE_VERSION, "robot_type": robot_type,
+            "total_episodes": len(ranges), "total_frames": m, "total_tasks": len(data.tasks),
+            "chunks_size": CHUNKS_SIZE, "data_files_size_in_mb": DATA_FILES_SIZE_MB,
+            "video_files_size_in_mb": 200, "fps": fps, "splits": {"train": f"0:{len(ranges)}"},
+            "data_path": DATA_PATH, "video_path": None, "features": features, **(extra_info or {})}
+        (tmp / "meta" / "info.json").write_text(json.dumps(info, indent=2))
+        (tmp / "meta" / "stats.json").write_text(json.dumps(stats, indent=2))
+
+        old = None
+        if path.exists():
+            old = path.parent / f".{path.name}.old-{os.getpid()}"
+            os.replace(path, old)
+        os.replace(tmp, path)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Reading
+# ---------------------------------------------------------------------------------------------------------
+def read_lerobot_info(path: str | Path) -> dict:
+    """meta/info.json of a dataset folder, checked for the supported codebase version."""
+    path = Path(path)
+    if not path.is_dir():
+        raise LeRobotDatasetError(f"no dataset folder at {path}")
+    info_path = path / "meta" / "info.json"
+    if not info_path.is_file():
+        raise LeRobotDatasetError(f"{path} is not a LeRobot dataset: missing meta/info.json")
+    try:
+        info = json.loads(info_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise LeRobotDatasetError(f"corrupt JSON in {info_path}: {e}") from None
+    if not isinstance(info, dict):
+        raise LeRobotDatasetError(f"{info_path} must hold a JSON object")
+    version = info.get("codebase_version")
+    if version != CODEBASE_VERSION:
+        raise LeRobotDatasetError(f"{path}: LeRobot dataset codebase_version {version!r} is not supported "
+                                  f"(only {CODEBASE_VERSION!r}; convert older datasets with LeRobot's converter)")
+    for key in ("features", "data_path", "fps"):
+        if key not in info:
+            raise LeRobotDatasetError(f"{info_path} has no {key!r}")
+    return info
+
+
+def _read_parquet(path: Path) -> pa.Table:
+    if not path.is_file():
+        raise LeRobotDatasetError(f"dataset file missing: {path}")
+    try:
+        return pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        raise LeRobotDatasetError(f"corrupt parquet file {path}: {e}") from None
+
+
+def _column(table: pa.Table, name: str, where: Path) -> pa.ChunkedArray:
+    if name not in table.column_names:
+        raise LeRobotDatasetError(f"{where} has no column {name!r} (columns: {table.column_names})")
+    return table.column(name)
+
+
+def _vectors(col: pa.ChunkedArray, name: str, dim: int, where: Path) -> np.ndarray:
+    """A list / fixed-size-list column of numbers -> ``[M, dim]`` float32, checked against info.json."""
+    arr = col.combine_chunks()
+    if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(arr.type):
+        lengths = np.asarray(arr.value_lengths().fill_null(-1))
+        bad = np.flatnonzero(lengths != dim)
+        if bad.size:
+            raise LeRobotDatasetError(f"{where}: {name!r} has {lengths[bad[0]]} values in row {bad[0]}, "
+                                      f"info.json says shape [{dim}]")
+        values = arr.flatten().to_numpy(zero_copy_only=False)
+        return values.astype(np.float32).reshape(len(arr), dim)
+    if dim == 1 and (pa.types.is_floating(arr.type) or pa.types.is_integer(arr.type)):
+        return arr.to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, 1)
+    raise LeRobotDatasetError(f"{where}: column {name!r} has type {arr.type}, expected a list of numbers")
+
+
+def _integers(col: pa.ChunkedArray, name: str, where: Path) -> np.ndarray:
+    arr = col.combine_chunks()
+    if pa.types.is_fixed_size_list(arr.type) or pa.types.is_list(arr.type):
+        arr = arr.flatten()  # some writers store scalars as length-1 lists
+    if not pa.types.is_integer(arr.type) or arr.null_count:
+        raise LeRobotDatasetError(f"{where}: column {name!r} must hold integers, has {arr.type}")
+    return arr.to_numpy().astype(np.int64)
+
+
+def _decode_images(col: pa.ChunkedArray, key: str, shape: tuple[int, ...], root: Path, where: Path) -> np.ndarray:
+    """An image column (structs of encoded bytes / a path) -> uint8 ``[M, H, W, 3]``."""
+    arr = col.combine_chunks()
+    if not pa.types.is_struct(arr.type) or arr.type.get_field_index("bytes") < 0:
+        raise LeRobotDatasetError(f"{where}: image column {key!r} has type {arr.type}, expected struct<bytes, path>")
+    blobs = arr.field("bytes").to_pylist()
+    paths = arr.field("path").to_pylist() if arr.type.get_field_index("path") >= 0 else [None] * len(blobs)
+    out = np.empty((len(blobs), *shape), dtype=np.uint8)
+    for i, (blob, rel) in enumerate(zip(blobs, paths)):
+        if blob is None:
+            if not rel or not (root / rel).is_file():
+                raise LeRobotDatasetError(f"{where}: {key!r} row {i} has neither image bytes nor a readable path")
+            blob = (root / rel).read_bytes()
+        try:
+            img = np.asarray(Image.open(io.BytesIO(blob)).convert("RGB"))
+        except OSError as e:
+            raise LeRobotDatasetError(f"{where}: {key!r} row {i} is not a readable image: {e}") from None
+        if img.shape != shape:
+            raise LeRobotDatasetError(f"{where}: {key!r} row {i} has shape {list(img.shape)}, "
+                                      f"info.json says {list(shape)}")
+        out[i] = img
+    return out
+
+
+def _read_tasks(root: Path) -> list[str]:
+    where = root / "meta" / "tasks.parquet"
+    table = _read_parquet(where)
+    names = [c for c in ("task", "__index_level_0__") if c in table.column_names]
+    if not names:
+        raise LeRobotDatasetError(f"{where} has no task strings (no 'task' column or pandas index)")
+    tasks = _column(table, names[0], where).to_pylist()
+    index = _integers(_column(table, "task_index", where), "task_index", where).tolist()
+    if sorted(index) != list(range(len(index))):
+        raise LeRobotDatasetError(f"{where}: task_index must be 0..{len(index) - 1}, got {sorted(index)}")
+    ordered = [""] * len(index)
+    for i, t in zip(index, tasks):
+        ordered[i] = t
+    return ordered
+
+
+def _data_files(root: Path, info: dict) -> list[Path]:
+    """The data files the episode tables point at, in order (or every file on disk if there are none)."""
+    ep_files = sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
+    if not ep_files:
+        raise LeRobotDatasetError(f"{root}: no episode tables under meta/episodes/")
+    pairs: set[tuple[int, int]] = set()
+    for f in ep_files:
+        table = _read_parquet(f)
+        chunks = _integers(_column(table, "data/chunk_index", f), "data/chunk_index", f)
+        files = _integers(_column(table, "data/file_index", f), "data/file_index", f)
+        pairs.update(zip(chunks.tolist(), files.tolist()))
+    try:
+        return [root / info["data_path"].format(chunk_index=c, file_index=i) for c, i in sorted(pairs)]
+    except (KeyError, IndexError, ValueError) as e:
+        raise LeRobotDatasetError(f"{root}: bad data_path {info['data_path']!r} in info.json: {e}") from None
+
+
+def read_lerobot_dataset(path: str | Path, *, image_keys: list[str] | None = None,
+                         state_key: str = "observation.state", action_key: str = "action") -> DemoDataset:
+    """Read a LeRobot v3.0 dataset folder into a :class:`DemoDataset`.
+
+    ``image_keys`` picks the camera features (default: every ``image`` / ``video`` feature, in
+    info.json's order); all must have the same size. Frames come back sorted by the global ``index``.
+    """
+    root = Path(path)
+    info = read_lerobot_info(root)
+    features = info["features"]
+    if not isinstance(features, dict):
+        raise LeRobotDatasetError(f"{root}/meta/info.json: 'features' must be a mapping")
+    if image_keys is None:
+        image_keys = [k for k, f in features.items() if isinstance(f, dict) and f.get("dtype") in ("image", "video")]
+    if not image_keys:
+        raise LeRobotDatasetError(f"{root}: no image features in info.json (a policy needs camera images)")
+    for key in [*image_keys, state_key, action_key]:
+        if key not in features:
+            raise LeRobotDatasetError(f"{root}/meta/info.json has no feature {key!r} "
+                                      f"(features: {sorted(features)})")
+    for key in image_keys:
+        dtype = features[key].get("dtype")
+        if dtype == "video":
+            raise LeRobotDatasetError(f"{root}: feature {key!r} is video-backed (MP4 files); video datasets are "
+                                      "not supported yet, only 'image' features (PNG/JPEG bytes in the parquet)")
+        if dtype != "image":
+            raise LeRobotDatasetError(f"{root}: feature {key!r} has dtype {dtype!r}, expected 'image'")
+    shapes = {tuple(features[k].get("shape", ())) for k in image_keys}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 3 or next(iter(shapes))[2] != 3:
+        raise LeRobotDatasetError(f"{root}: image features must all be [H, W, 3] of one size, got {sorted(shapes)}")
+    img_shape = next(iter(shapes))
+    dims = {}
+    for key in (state_key, action_key):
+        shape = features[key].get("shape")
+        if not isinstance(shape, list) or len(shape) != 1:
+            raise LeRobotDatasetError(f"{root}: feature {key!r} must have a 1-D shape, got {shape!r}")
+        dims[key] = int(shape[0])
+
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("images", "state", "action", "episode_index",
+                                                          "frame_index", "task_index", "index")}
+    for f in _data_files(root, info):
+        table = _read_parquet(f)
+        parts["images"].append(np.stack([_decode_images(_column(table, k, f), k, img_shape, root, f)
+                                         for k in image_keys], axis=1))
+        parts["state"].append(_vectors(_column(table, state_key, f), state_key, dims[state_key], f))
+        parts["action"].append(_vectors(_column(table, action_key, f), action_key, dims[action_key], f))
+        for name in ("episode_index", "frame_index", "task_index", "index"):
+            parts[name].append(_integers(_column(table, name, f), name, f))
+    cols = {k: np.concatenate(v) for k, v in parts.items()}
+    order = np.argsort(cols["index"], kind="stable")
+    cols = {k: v[order] for k, v in cols.items()}
+    total = info.get("total_frames")
+    if total is not None and total != len(order):
+        raise LeRobotDatasetError(f"{root}: info.json says total_frames={total}, the data files hold {len(order)}")
+    tasks = _read_tasks(root)
+    if cols["task_index"].size and (cols["task_index"].min() < 0 or cols["task_index"].max() >= len(tasks)):
+        raise LeRobotDatasetError(f"{root}: task_index {int(cols['task_index'].max())} is not in meta/tasks.parquet "
+                                  f"({len(tasks)} tasks)")
+    if not np.isfinite(cols["state"]).all() or not np.isfinite(cols["action"]).all():
+        raise LeRobotDatasetError(f"{root}: state or action holds NaN / inf")
+    return DemoDataset(
+        images=torch.from_numpy(cols["images"]), state=torch.from_numpy(cols["state"]),
+        action=torch.from_numpy(cols["action"]), episode_index=torch.from_numpy(cols["episode_index"]),
+        frame_index=torch.from_numpy(cols["frame_index"]), task_index=torch.from_numpy(cols["task_index"]),
+        tasks=tasks)
+
