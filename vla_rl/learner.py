@@ -136,7 +136,8 @@ class Learner:
                     self.skipped_steps += 1  # never apply (nor later save) a non-finite update
                     self.optimizer.zero_grad(set_to_none=True)
                     continue
-                if critic_only:  # warm-up trains the value head alone: the policy must not move yet
+                if critic_only:  # warm-up trains the value head alone; dropping the actor's gradients (not
+                    # just its zero lr) also keeps value-loss gradients out of the actor's Adam moments
                     for group in self.optimizer.param_groups:
                         if group.get("name") == "actor":
                             for p in group["params"]:
