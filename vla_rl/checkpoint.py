@@ -8,9 +8,11 @@ checkpoint and never destroys the previous one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -30,19 +32,16 @@ class CheckpointError(RuntimeError):
     """A checkpoint folder is missing, corrupt or does not match what is asked of it."""
 
 
-def write_atomic_folder(path: str | Path, *, tensors: dict[str, dict[str, torch.Tensor]],
-                        yamls: dict[str, dict]) -> Path:
-    """Write ``<name>.safetensors`` and ``<name>.yaml`` files into folder ``path`` atomically."""
+@contextlib.contextmanager
+def atomic_folder(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary sibling folder to fill; when the block ends without an error it replaces
+    ``path`` (a folder already there is swapped out, then removed), otherwise it is removed and ``path``
+    is left as it was. A crash therefore never leaves a half-written folder nor loses the old one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
-        for name, tens in tensors.items():
-            save_file({k: v.detach().to("cpu").contiguous() for k, v in tens.items()},
-                      str(tmp / f"{name}.safetensors"))
-        for name, data in yamls.items():
-            with open(tmp / f"{name}.yaml", "w") as f:
-                yaml.safe_dump(data, f, sort_keys=False)
+        yield tmp
         old = None
         if path.exists():
             old = path.parent / f".{path.name}.old-{os.getpid()}"
@@ -53,7 +52,19 @@ def write_atomic_folder(path: str | Path, *, tensors: dict[str, dict[str, torch.
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return path
+
+
+def write_atomic_folder(path: str | Path, *, tensors: dict[str, dict[str, torch.Tensor]],
+                        yamls: dict[str, dict]) -> Path:
+    """Write ``<name>.safetensors`` and ``<name>.yaml`` files into folder ``path`` atomically."""
+    with atomic_folder(path) as tmp:
+        for name, tens in tensors.items():
+            save_file({k: v.detach().to("cpu").contiguous() for k, v in tens.items()},
+                      str(tmp / f"{name}.safetensors"))
+        for name, data in yamls.items():
+            with open(tmp / f"{name}.yaml", "w") as f:
+                yaml.safe_dump(data, f, sort_keys=False)
+    return Path(path)
 
 
 def read_tensors(path: Path, device="cpu") -> dict[str, torch.Tensor]:

@@ -20,9 +20,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +28,7 @@ import pyarrow.parquet as pq
 import torch
 from PIL import Image
 
+from vla_rl.checkpoint import atomic_folder
 from vla_rl.data import DemoDataset
 
 CODEBASE_VERSION = "v3.0"
@@ -159,9 +157,7 @@ def write_lerobot_dataset(path: str | Path, data: DemoDataset, *, fps: int, came
             "task_index": pa.array(task_index[lo:hi], pa.int64())})
         return pa.table(cols)
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    try:
+    with atomic_folder(path) as tmp:
         # Data files: whole episodes, a new file once the current one passes DATA_FILES_SIZE_MB.
         episode_rows: list[dict] = []
         file_no, file_start, file_bytes = 0, ranges[0][1], 0
@@ -215,17 +211,6 @@ def write_lerobot_dataset(path: str | Path, data: DemoDataset, *, fps: int, came
             "data_path": DATA_PATH, "video_path": None, "features": features, **(extra_info or {})}
         (tmp / "meta" / "info.json").write_text(json.dumps(info, indent=2))
         (tmp / "meta" / "stats.json").write_text(json.dumps(stats, indent=2))
-
-        old = None
-        if path.exists():
-            old = path.parent / f".{path.name}.old-{os.getpid()}"
-            os.replace(path, old)
-        os.replace(tmp, path)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return path
 
 
