@@ -45,15 +45,43 @@ def _train(args) -> int:
 def _eval(args) -> int:
     from vla_rl.evaluate import evaluate_checkpoint
 
+    if args.libero:
+        return _eval_libero(args)
     metrics = evaluate_checkpoint(args.checkpoint, parse_overrides(args.overrides))
     for k, v in metrics.items():
         print(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
     return 0
 
 
+def _eval_libero(args) -> int:
+    from vla_rl.envs.libero import LiberoNotInstalled
+    from vla_rl.libero_eval import LiberoEvalConfig, evaluate_libero_checkpoint
+
+    overrides = parse_overrides(args.overrides)
+    overrides["suites"] = [s for s in args.libero.split(",") if s]
+    cfg = from_dict(LiberoEvalConfig, overrides)
+    try:
+        res = evaluate_libero_checkpoint(args.checkpoint, cfg)
+    except LiberoNotInstalled as e:
+        print(f"vla-rl: {e}", file=sys.stderr)
+        return 2
+    print(res["table"])
+    print(f"average success (mean over suites): {res['success_rate']:.3f} ({res['successes']} of "
+          f"{res['episodes']} episodes); results in {cfg.out}")
+    return 0
+
+
 def _collect(args) -> int:
     from vla_rl.collect import CollectConfig, collect_dataset
 
+    if args.kind == "libero":
+        from vla_rl.libero_demos import LiberoRecordConfig, record_libero_dataset
+
+        lcfg = from_dict(LiberoRecordConfig, parse_overrides(args.overrides))
+        path = record_libero_dataset(args.out, lcfg)
+        print(f"wrote {len(lcfg.task_ids) * lcfg.episodes_per_task} LIBERO {lcfg.policy}-policy episodes as a "
+              f"LeRobot v3.0 dataset (LIBERO layout: image, wrist_image, state, actions) to {path}")
+        return 0
     cfg = from_dict(CollectConfig, parse_overrides(args.overrides))
     path = collect_dataset(args.kind, args.out, cfg)
     print(f"wrote {cfg.episodes} {args.kind} expert episodes as a LeRobot v3.0 dataset to {path}")
@@ -90,13 +118,19 @@ def main(argv: list[str] | None = None) -> int:
     ev = sub.add_parser("eval", help="evaluate a checkpoint folder with the deterministic ODE sampler",
                         description="Overrides: episodes=200 seed=5 num_steps=10 execute=4 num_envs=50")
     ev.add_argument("checkpoint", help="a policy or training checkpoint folder")
+    ev.add_argument("--libero", metavar="SUITES",
+                    help="run the official LIBERO protocol on these suites (comma-separated, e.g. libero_spatial,"
+                         "libero_object); overrides then: task_ids=[0] init_states=50 execute=8 num_envs=1 "
+                         "out=runs/eval_libero videos_per_task=1 env.image_orientation=upright ...")
     ev.add_argument("overrides", nargs="*", help="key=value overrides")
     ev.set_defaults(func=_eval)
 
     col = sub.add_parser("collect", help="record scripted-expert demos as a LeRobot v3.0 dataset",
                          description="KIND: builtin. Overrides: episodes=50 seed=0 noise=0.1 fps=10 "
-                                     "env.layout=shuffled env.control=delta ...")
-    col.add_argument("kind", help="which task's expert (builtin)")
+                                     "env.layout=shuffled env.control=delta ... KIND libero: random-policy "
+                                     "LIBERO episodes in the LIBERO layout; overrides suite=libero_spatial "
+                                     "task_ids=[0] episodes_per_task=2 max_episode_steps=50 image_size=256")
+    col.add_argument("kind", help="which task's expert (builtin), or libero (random policy)")
     col.add_argument("out", help="dataset folder to write (replaced atomically if it exists)")
     col.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
     col.set_defaults(func=_collect)

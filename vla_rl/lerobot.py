@@ -338,18 +338,38 @@ def _data_files(root: Path, info: dict) -> list[Path]:
         raise LeRobotDatasetError(f"{root}: bad data_path {info['data_path']!r} in info.json: {e}") from None
 
 
+# Feature names tried, in order, when the caller does not name the state / action feature: LeRobot's own
+# (``observation.state``, ``action``), then the LIBERO layout of openpi's community datasets
+# (physical-intelligence/libero: ``image``, ``wrist_image``, ``state``, ``actions``).
+STATE_KEYS = ("observation.state", "state")
+ACTION_KEYS = ("action", "actions")
+
+
+def detect_keys(features: dict, state_key: str | None = None, action_key: str | None = None) -> tuple[str, str]:
+    """The state and action feature names of a dataset: the given ones, else the first of
+    :data:`STATE_KEYS` / :data:`ACTION_KEYS` present in ``features`` (else LeRobot's names, which the
+    caller then reports as missing)."""
+    def pick(given, names):
+        return given if given is not None else next((k for k in names if k in features), names[0])
+    return pick(state_key, STATE_KEYS), pick(action_key, ACTION_KEYS)
+
+
 def read_lerobot_dataset(path: str | Path, *, image_keys: list[str] | None = None,
-                         state_key: str = "observation.state", action_key: str = "action") -> DemoDataset:
+                         state_key: str | None = None, action_key: str | None = None) -> DemoDataset:
     """Read a LeRobot v3.0 dataset folder into a :class:`DemoDataset`.
 
     ``image_keys`` picks the camera features (default: every ``image`` / ``video`` feature, in
-    info.json's order); all must have the same size. Frames come back sorted by the global ``index``.
+    info.json's order); all must have the same size. ``state_key`` / ``action_key`` default to
+    LeRobot's ``observation.state`` / ``action``, or, when a dataset has those missing, the LIBERO
+    layout's ``state`` / ``actions`` (see :func:`detect_keys`). Frames come back sorted by the global
+    ``index``.
     """
     root = Path(path)
     info = read_lerobot_info(root)
     features = info["features"]
     if not isinstance(features, dict):
         raise LeRobotDatasetError(f"{root}/meta/info.json: 'features' must be a mapping")
+    state_key, action_key = detect_keys(features, state_key, action_key)
     if image_keys is None:
         image_keys = [k for k, f in features.items() if isinstance(f, dict) and f.get("dtype") in ("image", "video")]
     if not image_keys:
