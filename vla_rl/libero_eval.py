@@ -76,7 +76,7 @@ def libero_env_config(config: dict, model_cfg, cfg: LiberoEvalConfig, train_env:
     number of cameras, image size).
     """
     env_meta = config.get("env") if isinstance(config.get("env"), dict) else {}
-    name = env_meta.get("name", "unknown env")
+    name = env_meta.get("name") or env_meta.get("kind") or "unknown env"
     dims = env_meta.get("state_dim"), env_meta.get("action_dim")
     if dims != (None, None) and dims != (STATE_DIM, ACTION_DIM):
         raise CheckpointError(f"checkpoint was trained for state {dims[0]} / action {dims[1]} ({name}); LIBERO "
