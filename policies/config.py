@@ -77,9 +77,11 @@ class PolicyConfig:
             problems.append("need 0 < noise_std_min < noise_std_max")
         if self.tokenizer == "bytes" and self.vocab_size < 259:
             problems.append("the bytes tokenizer needs vocab_size >= 259")
-        for name in ("depth", "num_cameras", "state_dim", "action_dim", "action_horizon", "max_text_tokens"):
+        for name in ("depth", "state_dim", "action_dim", "action_horizon", "max_text_tokens"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1")
+        if self.num_cameras < 0:  # 0: a state-only policy (ManiSkill state observations); no image tokens
+            problems.append("num_cameras must be >= 0")
         if problems:
             raise ValueError("invalid PolicyConfig: " + "; ".join(problems))
 

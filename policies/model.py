@@ -155,6 +155,8 @@ class FlowPolicy(nn.Module):
 
     def _embed_images(self, images: Tensor) -> Tensor:
         n, c, hi, wi, _ = images.shape
+        if c == 0:  # state-only policy: the prefix is text + state
+            return self.vision_proj.weight.new_zeros(n, 0, self.cfg.prefix.width)
         size = self.cfg.vision.image_size
         x = images.reshape(n * c, hi, wi, 3).permute(0, 3, 1, 2).to(self.vision_pos.dtype) / 127.5 - 1.0
         if (hi, wi) != (size, size):

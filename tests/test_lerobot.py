@@ -159,4 +159,5 @@ def test_cli_collect_then_sft(tmp_path, capsys):
     assert config["env"] == {"name": "builtin/color_reach", "state_dim": 4, "action_dim": 2}
     assert config["policy"]["depth"] == 1 and len(config["sft"]["tasks"]) >= 1
     assert main(["sft", str(ds), "stepz=3"]) == 2           # unknown keys are errors
-    assert main(["collect", "maniskill", str(tmp_path / "x")]) == 2
+    assert main(["collect", "mujoco", str(tmp_path / "x")]) == 2           # unknown kind
+    assert main(["collect", "maniskill", str(tmp_path / "x"), "task=NoSuchTask-v1"]) == 2  # no planner for it

@@ -11,8 +11,8 @@ from vla_rl.config import ConfigError, to_dict
 from vla_rl.data import DemoDataset
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
 
-# Kinds of scripted experts ``vla-rl collect`` knows; ManiSkill's motion planners are meant to join here.
-COLLECT_KINDS = ("builtin",)
+# Kinds of scripted experts ``vla-rl collect`` knows: the built-in task's expert, ManiSkill's motion planners.
+COLLECT_KINDS = ("builtin", "maniskill")
 
 
 @dataclass(frozen=True)
@@ -23,8 +23,13 @@ class CollectConfig:
     seed: int = 0
     noise: float = 0.1      # Gaussian action noise of the expert (demos then show some recoveries)
     num_envs: int = 16
-    fps: int = 10           # only recorded in the dataset (LeRobot timestamps); the task has no real clock
+    fps: int | None = None  # LeRobot timestamps; None: 10 builtin (no real clock), 20 ManiSkill (control rate)
     env: ColorReachConfig = field(default_factory=ColorReachConfig)
+    # ManiSkill only (vla_rl.maniskill_demos): the task, the control mode demos are converted to, and the
+    # episode limit recorded for evaluation / RL (None: the task's, raised to 1.5 x the longest demo).
+    task: str = "PushCube-v1"
+    control_mode: str = "pd_ee_delta_pose"
+    max_episode_steps: int | None = None
 
 
 def collect_builtin_demos(num_episodes: int, *, seed: int = 0, noise: float = 0.1, num_envs: int = 16,
@@ -63,19 +68,29 @@ def collect_builtin_demos(num_episodes: int, *, seed: int = 0, noise: float = 0.
 
 
 def collect_dataset(kind: str, out: str | Path, cfg: CollectConfig) -> Path:
-    """Collect ``cfg.episodes`` expert demos of ``kind`` and write them as a LeRobot v3.0 dataset at ``out``.
+    """Collect ``cfg.episodes`` expert demos of ``kind`` and write them as a LeRobot v3.0 dataset at ``out``
+    (``builtin``: the scripted expert; ``maniskill``: ManiSkill's motion planner for ``cfg.task``, converted
+    to ``cfg.control_mode`` with state observations, see :mod:`vla_rl.maniskill_demos`).
 
     info.json records the env (``"vla_rl": {"env": ..., "env_config": ...}``) so ``vla-rl sft`` can
     evaluate on the task the demos came from."""
     from vla_rl.lerobot import write_lerobot_dataset
 
     if kind not in COLLECT_KINDS:
-        raise ConfigError(f"unknown collect kind {kind!r}; supported: {list(COLLECT_KINDS)} "
-                          "(ManiSkill demos are not supported yet)")
-    if cfg.episodes < 1 or cfg.num_envs < 1 or cfg.fps < 1:
+        raise ConfigError(f"unknown collect kind {kind!r}; supported: {list(COLLECT_KINDS)}")
+    if cfg.episodes < 1 or cfg.num_envs < 1 or (cfg.fps is not None and cfg.fps < 1):
         raise ConfigError("episodes, num_envs and fps must be >= 1")
+    if kind == "maniskill":
+        from vla_rl.maniskill_demos import PLANNED_TASKS, collect_maniskill
+
+        if cfg.task not in PLANNED_TASKS:
+            raise ConfigError(f"ManiSkill has no motion-planning solution for task={cfg.task!r}; it has one for: "
+                              f"{', '.join(PLANNED_TASKS)}")
+        return collect_maniskill(out, task=cfg.task, episodes=cfg.episodes, seed=cfg.seed,
+                                 control_mode=cfg.control_mode, max_episode_steps=cfg.max_episode_steps,
+                                 fps=cfg.fps or 20, extra_info={"collect": to_dict(cfg)})
     data = collect_builtin_demos(cfg.episodes, seed=cfg.seed, noise=cfg.noise, num_envs=cfg.num_envs,
                                  config=cfg.env)
-    return write_lerobot_dataset(out, data, fps=cfg.fps, camera_names=["top"], robot_type="color_reach_point",
+    return write_lerobot_dataset(out, data, fps=cfg.fps or 10, camera_names=["top"], robot_type="color_reach_point",
                                  extra_info={"vla_rl": {"env": "builtin", "env_config": to_dict(cfg.env),
                                                         "collect": to_dict(cfg)}})

@@ -67,7 +67,8 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None) -> dict
     overrides = dict(overrides or {})
     path = Path(path)
     model, norm, config = load_policy(path)
-    env_dict: dict = {}
+    # The env: a training checkpoint's train_config.yaml, else the one an SFT policy was trained for.
+    env_dict: dict = dict(config.get("env_config") or {})
     if (path / "train_config.yaml").is_file():
         env_dict = read_yaml_file(path / "train_config.yaml").get("env", {})
     cfg = from_dict(EvalConfig, overrides)

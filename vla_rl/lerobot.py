@@ -372,8 +372,6 @@ def read_lerobot_dataset(path: str | Path, *, image_keys: list[str] | None = Non
     state_key, action_key = detect_keys(features, state_key, action_key)
     if image_keys is None:
         image_keys = [k for k, f in features.items() if isinstance(f, dict) and f.get("dtype") in ("image", "video")]
-    if not image_keys:
-        raise LeRobotDatasetError(f"{root}: no image features in info.json (a policy needs camera images)")
     for key in [*image_keys, state_key, action_key]:
         if key not in features:
             raise LeRobotDatasetError(f"{root}/meta/info.json has no feature {key!r} "
@@ -385,7 +383,8 @@ def read_lerobot_dataset(path: str | Path, *, image_keys: list[str] | None = Non
                                       "not supported yet, only 'image' features (PNG/JPEG bytes in the parquet)")
         if dtype != "image":
             raise LeRobotDatasetError(f"{root}: feature {key!r} has dtype {dtype!r}, expected 'image'")
-    shapes = {tuple(features[k].get("shape", ())) for k in image_keys}
+    # No camera features: a state-only dataset (ManiSkill state observations); images come back [M, 0, 1, 1, 3].
+    shapes = {tuple(features[k].get("shape", ())) for k in image_keys} or {(1, 1, 3)}
     if len(shapes) != 1 or len(next(iter(shapes))) != 3 or next(iter(shapes))[2] != 3:
         raise LeRobotDatasetError(f"{root}: image features must all be [H, W, 3] of one size, got {sorted(shapes)}")
     img_shape = next(iter(shapes))
@@ -401,7 +400,8 @@ def read_lerobot_dataset(path: str | Path, *, image_keys: list[str] | None = Non
     for f in _data_files(root, info):
         table = _read_parquet(f)
         parts["images"].append(np.stack([_decode_images(_column(table, k, f), k, img_shape, root, f)
-                                         for k in image_keys], axis=1))
+                                         for k in image_keys], axis=1) if image_keys
+                               else np.zeros((table.num_rows, 0, *img_shape), np.uint8))
         parts["state"].append(_vectors(_column(table, state_key, f), state_key, dims[state_key], f))
         parts["action"].append(_vectors(_column(table, action_key, f), action_key, dims[action_key], f))
         for name in ("episode_index", "frame_index", "task_index", "index"):

@@ -76,7 +76,8 @@ def train_sft(actor: Actor, data: DemoDataset, cfg: SFTConfig, *, progress: bool
 
 @dataclass(frozen=True)
 class SFTRunConfig:
-    """``vla-rl sft DATASET`` settings (the dataset is a LeRobot v3.0 folder, see :mod:`vla_rl.lerobot`)."""
+    """``vla-rl sft DATASET`` settings (DATASET: a LeRobot v3.0 folder, see :mod:`vla_rl.lerobot`, or a
+    ManiSkill trajectory ``.h5`` with state observations, see :mod:`vla_rl.maniskill_demos`)."""
 
     model: str = "tiny"                    # model preset (configs/model) ...
     policy: dict[str, Any] = field(default_factory=dict)  # ... with these PolicyConfig overrides (policy.depth=2)
@@ -87,33 +88,87 @@ class SFTRunConfig:
     norm: Literal["mean_std", "quantile"] = "mean_std"
     seed: int = 0
     out: str = "runs/sft"
-    eval_episodes: int = 100               # built-in datasets only; 0 skips the evaluation
+    max_episodes: int | None = None        # few-shot: train on the first N episodes only (None: all)
+    eval_episodes: int = 100               # datasets that name their env (built-in, ManiSkill); 0 skips it
+    eval_num_envs: int | None = None       # None: 100 built-in envs, 2 ManiSkill worker processes
+    eval_seed: int | None = None           # None: 10_000 + seed (disjoint from the collection seeds)
     num_steps: int = 4                     # ODE steps of the evaluation
     execute: int = 8                       # actions executed per chunk in the evaluation
 
 
+def load_demos(dataset: str | Path) -> tuple[DemoDataset, dict]:
+    """A demo dataset and the env it came from (``{"kind": ..., ...}`` as in ``TrainConfig.env``, or {}).
+
+    ``dataset``: a LeRobot v3.0 folder (its info.json's ``vla_rl`` entry names the env) or a ManiSkill
+    trajectory ``.h5`` (the task and control mode come from the ``.json`` beside it)."""
+    from vla_rl.config import to_dict
+    from vla_rl.lerobot import read_lerobot_dataset, read_lerobot_info
+
+    path = Path(dataset)
+    if path.suffix == ".h5":
+        from vla_rl.envs.maniskill import ManiSkillConfig
+        from vla_rl.maniskill_demos import episode_limit, read_maniskill_h5, read_trajectory_info
+
+        data = read_maniskill_h5(path)
+        meta = read_trajectory_info(path)
+        limit = episode_limit(meta.task, torch.bincount(data.episode_index).tolist(), None)
+        env_cfg = ManiSkillConfig(task=meta.task, control_mode=meta.control_mode or "pd_ee_delta_pose",
+                                  obs_mode="state", max_episode_steps=limit)
+        return data, {"kind": "maniskill", "options": to_dict(env_cfg)}
+    info = read_lerobot_info(path)
+    data = read_lerobot_dataset(path)
+    origin = info.get("vla_rl") if isinstance(info.get("vla_rl"), dict) else {}
+    if origin.get("env") == "builtin":
+        return data, {"kind": "builtin", "builtin": origin.get("env_config") or {}}
+    if origin.get("env") == "maniskill":
+        return data, {"kind": "maniskill", "options": origin.get("env_config") or {}}
+    if origin.get("env") == "libero":
+        return data, {"kind": "libero", "options": origin.get("env_config") or {}}
+    return data, {}
+
+
+def first_episodes(data: DemoDataset, n: int) -> DemoDataset:
+    """The frames of the first ``n`` episodes (in dataset order)."""
+    keep = torch.unique_consecutive(data.episode_index)[:n]
+    mask = torch.isin(data.episode_index, keep)
+    used = sorted(set(data.task_index[mask].tolist()))
+    remap = torch.full((len(data.tasks),), -1, dtype=torch.long)
+    remap[used] = torch.arange(len(used))
+    return DemoDataset(images=data.images[mask], state=data.state[mask], action=data.action[mask],
+                       episode_index=data.episode_index[mask], frame_index=data.frame_index[mask],
+                       task_index=remap[data.task_index[mask]], tasks=[data.tasks[t] for t in used])
+
+
 def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True) -> dict:
-    """Train a policy on a LeRobot dataset, save it to ``cfg.out`` (weights + normalisation stats of the
-    data), and evaluate it with the ODE sampler if the dataset came from the built-in task."""
+    """Train a policy on a demo dataset, save it to ``cfg.out`` (weights + normalisation stats of the data +
+    the env it came from), and evaluate it with the ODE sampler when the dataset names its env.
+
+    The model preset's camera count and state / action sizes follow the data unless ``cfg.policy`` sets
+    them (sizes only grow: a smaller env vector is zero-padded into the model's)."""
     from vla_rl.checkpoint import save_policy
     from vla_rl.config import ConfigError, from_dict, to_dict
-    from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
     from vla_rl.evaluate import evaluate
-    from vla_rl.lerobot import read_lerobot_dataset, read_lerobot_info
     from vla_rl.policies.config import policy_preset
     from vla_rl.policies.model import FlowPolicy, count_parameters
     from vla_rl.policies.normalize import NormStats, Stats
+    from vla_rl.trainer import EnvConfig, make_env
 
     torch.manual_seed(cfg.seed)
-    info = read_lerobot_info(dataset)
-    data = read_lerobot_dataset(dataset)
+    data, env_dict = load_demos(dataset)
+    if cfg.max_episodes is not None:
+        if cfg.max_episodes < 1:
+            raise ConfigError(f"max_episodes must be >= 1, got {cfg.max_episodes}")
+        data = first_episodes(data, cfg.max_episodes)
     _, cams, h, w, _ = data.images.shape
     state_dim, action_dim = data.state.shape[1], data.action.shape[1]
     print(f"dataset {dataset}: {data.num_episodes} episodes, {len(data)} frames, {len(data.tasks)} tasks, "
-          f"{cams} camera(s) {h}x{w}, state {state_dim}, action {action_dim}")
-    pcfg = policy_preset(cfg.model, cfg.policy)
+          f"{cams} camera(s){f' {h}x{w}' if cams else ''}, state {state_dim}, action {action_dim}")
+    base = policy_preset(cfg.model)
+    auto = {"num_cameras": cams, "state_dim": max(base.state_dim, state_dim),
+            "action_dim": max(base.action_dim, action_dim)}
+    pcfg = policy_preset(cfg.model, {**auto, **cfg.policy})
     # The model must see what the data holds; say so here rather than fail deep inside the forward pass.
-    if (pcfg.num_cameras, pcfg.vision.image_size, pcfg.vision.image_size) != (cams, h, w):
+    if pcfg.num_cameras != cams or (cams and (pcfg.vision.image_size, pcfg.vision.image_size) != (h, w)):
         raise ConfigError(f"model '{cfg.model}' takes {pcfg.num_cameras} camera(s) of {pcfg.vision.image_size}px, "
                           f"the dataset has {cams} of {h}x{w} (override policy.num_cameras / "
                           "policy.vision.image_size)")
@@ -128,19 +183,30 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True) ->
                         seed=cfg.seed, log_every=max(1, min(100, cfg.steps)))
     log = train_sft(actor, data, sft_cfg, progress=progress)
     print(f"flow-matching loss {log[0]['losses/flow_matching']:.3f} -> {log[-1]['losses/flow_matching']:.3f}")
-    origin = info.get("vla_rl") if isinstance(info.get("vla_rl"), dict) else {}
-    env_name = "builtin/color_reach" if origin.get("env") == "builtin" else f"lerobot/{info.get('robot_type')}"
+    kind = env_dict.get("kind")
+    env_name = {"builtin": "builtin/color_reach",
+                "maniskill": f"maniskill/{env_dict.get('options', {}).get('task')}"}.get(kind, "lerobot")
     path = save_policy(cfg.out, model, norm, meta={
         "env": {"name": env_name, "state_dim": state_dim, "action_dim": action_dim},
-        "sft": {**to_dict(cfg), "dataset": str(dataset), "tasks": list(data.tasks)}})
+        "env_config": env_dict,  # what `vla-rl eval` / `vla-rl train init=` use by default
+        "sft": {**to_dict(cfg), "dataset": str(dataset), "tasks": list(data.tasks),
+                "episodes": data.num_episodes, "frames": len(data)}})
     print(f"saved the policy to {path}")
     results: dict = {"sft_log": log, "path": str(path)}
-    if origin.get("env") == "builtin" and cfg.eval_episodes > 0:
-        env_cfg = from_dict(ColorReachConfig, origin.get("env_config") or {}, prefix="info.json vla_rl.env_config")
-        env = ColorReachEnv(min(cfg.eval_episodes, 100), config=env_cfg, seed=cfg.seed)
-        eval_seed = 10_000 + cfg.seed  # fixed seeds, disjoint from the collection seeds
-        m = evaluate(actor, env, num_episodes=cfg.eval_episodes, sampler=SamplerConfig(cfg.num_steps, "ode"),
-                     execute=cfg.execute, seed=eval_seed)
+    if kind in ("builtin", "maniskill") and cfg.eval_episodes > 0:
+        env_cfg = from_dict(EnvConfig, env_dict, prefix="dataset env")
+        n = cfg.eval_num_envs or (min(cfg.eval_episodes, 100) if kind == "builtin" else 2)
+        eval_seed = 10_000 + cfg.seed if cfg.eval_seed is None else cfg.eval_seed
+        env = make_env(env_cfg, num_envs=n, device=torch.device("cpu"), seed=eval_seed)
+        try:
+            spec = env.spec
+            actor = Actor(model, norm, env_state_dim=spec.state_dim, env_action_dim=spec.action_dim,
+                          action_low=spec.action_low, action_high=spec.action_high)
+            m = evaluate(actor, env, num_episodes=cfg.eval_episodes, sampler=SamplerConfig(cfg.num_steps, "ode"),
+                         execute=cfg.execute, seed=eval_seed)
+        finally:
+            if hasattr(env, "close"):
+                env.close()
         results["eval"] = m
         print(f"success (ODE sampler, {cfg.eval_episodes} episodes, seeds {eval_seed}...): "
               f"{m['eval/success_once']:.2f}")

@@ -1,0 +1,134 @@
+"""ManiSkill motion-planner demos -> pd_ee_delta_pose state demos -> LeRobot dataset -> SFT -> eval.
+
+Needs ManiSkill + mplib (`make sims`); without them these tests fail, unless VLA_RL_SKIP_SIMULATORS=1.
+One module-scoped collection of 2 PushCube demos (~20 s) serves every test.
+"""
+
+import importlib.util
+import json
+import os
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from vla_rl.checkpoint import load_policy
+from vla_rl.cli import main
+from vla_rl.lerobot import read_lerobot_dataset, read_lerobot_info
+from vla_rl.maniskill_demos import (
+    ManiSkillDemoError,
+    episode_limit,
+    read_maniskill_h5,
+    read_trajectory_info,
+)
+
+SKIP = os.environ.get("VLA_RL_SKIP_SIMULATORS") == "1"
+pytestmark = pytest.mark.skipif(SKIP and importlib.util.find_spec("mani_skill") is None,
+                                reason="ManiSkill not installed and VLA_RL_SKIP_SIMULATORS=1")
+
+
+@pytest.fixture(scope="module")
+def pushcube(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ms") / "push"
+    assert main(["collect", "maniskill", str(out), "task=PushCube-v1", "episodes=2", "seed=3"]) == 0
+    h5 = out.with_name("push.maniskill") / "PushCube-v1.state.pd_ee_delta_pose.physx_cpu.h5"
+    return out, h5
+
+
+def test_collected_demos_are_ee_delta_pose_state_demos_that_replay_to_success(pushcube):
+    """Known answer: the converted actions, replayed open loop in our adapter from the episode's reset
+    seed, reproduce the recorded states exactly and end in success; the adapter's state at reset is the
+    file's first observation (so SFT sees what RL will see)."""
+    from vla_rl.envs.maniskill import ManiSkillConfig, ManiSkillSingleEnv
+
+    out, h5 = pushcube
+    meta = read_trajectory_info(h5)
+    assert (meta.task, meta.control_mode, meta.obs_mode) == ("PushCube-v1", "pd_ee_delta_pose", "state")
+    assert [e["reset_kwargs"]["seed"] for e in meta.episodes][:1] == [3]
+    data = read_maniskill_h5(h5)
+    assert data.num_episodes == 2 and data.state.shape[1] == 35 and data.action.shape[1] == 7
+    assert data.tasks == ["push the cube onto the red and white target"]
+    assert tuple(data.images.shape[1:]) == (0, 1, 1, 3)
+    env = ManiSkillSingleEnv(ManiSkillConfig(task="PushCube-v1", max_episode_steps=200))
+    try:
+        with h5py.File(h5) as f:
+            obs_file = f["traj_0"]["obs"][:]
+        obs = env.reset(seed=meta.episodes[0]["reset_kwargs"]["seed"])
+        np.testing.assert_array_equal(obs["state"], obs_file[0])
+        actions = data.action[data.episode_index == 0].numpy()
+        for t, a in enumerate(actions):  # noqa: B007  (t is the step the episode ended at)
+            obs, _, terminated, truncated, success = env.step(a)
+            if terminated or truncated:
+                break
+        assert success   # our adapter ends the episode at success; the planner's recording runs on after it
+        np.testing.assert_allclose(obs["state"], obs_file[t + 1], atol=1e-5)
+    finally:
+        env.close()
+
+
+def test_lerobot_dataset_holds_the_same_frames_and_names_its_env(pushcube):
+    out, h5 = pushcube
+    info = read_lerobot_info(out)
+    assert info["codebase_version"] == "v3.0" and info["fps"] == 20 and info["robot_type"] == "panda"
+    assert not [k for k, f in info["features"].items() if f["dtype"] in ("image", "video")]
+    env_cfg = info["vla_rl"]["env_config"]
+    assert info["vla_rl"]["env"] == "maniskill" and env_cfg["task"] == "PushCube-v1"
+    lengths = torch.bincount(read_maniskill_h5(h5).episode_index).tolist()
+    assert env_cfg["max_episode_steps"] == episode_limit("PushCube-v1", lengths, None)
+    assert env_cfg["max_episode_steps"] >= max(lengths)
+    a, b = read_lerobot_dataset(out), read_maniskill_h5(h5)
+    assert torch.equal(a.state, b.state) and torch.equal(a.action, b.action)
+    assert torch.equal(a.episode_index, b.episode_index) and a.tasks == b.tasks
+
+
+def test_episode_limit_known_answers():
+    assert episode_limit("PushCube-v1", [61, 80], None) == 120      # 1.5 x 80, task limit 50
+    assert episode_limit("PushCube-v1", [20, 30], None) == 50       # the task's own limit
+    assert episode_limit("PushCube-v1", [61, 80], 77) == 77         # given
+
+
+def test_sft_on_h5_and_dataset_then_eval_from_the_checkpoint(pushcube, tmp_path, capsys):
+    """`vla-rl sft` reads ManiSkill's .h5 directly and the LeRobot dataset, builds a state-only policy
+    (no cameras, state 35, action 7), evaluates on the task, and `vla-rl eval` finds the env itself."""
+    out, h5 = pushcube
+    for src, name in ((h5, "from_h5"), (out, "from_lerobot")):
+        assert main(["sft", str(src), "--no-progress", "steps=3", "batch_size=8", "eval_episodes=1",
+                     "eval_num_envs=1", f"out={tmp_path / name}", "policy.depth=1"]) == 0
+        text = capsys.readouterr().out
+        assert "0 camera(s)" in text and "success (ODE sampler, 1 episodes" in text
+        model, _, config = load_policy(tmp_path / name)
+        assert model.cfg.num_cameras == 0 and (model.cfg.state_dim, model.cfg.action_dim) == (35, 7)
+        assert config["env"] == {"name": "maniskill/PushCube-v1", "state_dim": 35, "action_dim": 7}
+        assert config["env_config"]["kind"] == "maniskill"
+    assert main(["eval", str(tmp_path / "from_h5"), "episodes=1", "num_envs=1"]) == 0
+    assert "eval/success_once" in capsys.readouterr().out
+
+
+def test_bad_trajectory_files_get_clear_errors(pushcube, tmp_path):
+    _, h5 = pushcube
+    lonely = tmp_path / "lonely.h5"
+    lonely.write_bytes(h5.read_bytes())
+    with pytest.raises(ManiSkillDemoError, match="lonely.json not found"):
+        read_maniskill_h5(lonely)
+    corrupt = tmp_path / "corrupt.h5"
+    corrupt.write_bytes(b"not hdf5 at all")
+    corrupt.with_suffix(".json").write_text(h5.with_suffix(".json").read_text())
+    with pytest.raises(ManiSkillDemoError, match="not a readable HDF5"):
+        read_maniskill_h5(corrupt)
+    short = tmp_path / "short.h5"
+    short.with_suffix(".json").write_text(h5.with_suffix(".json").read_text())
+    with h5py.File(h5) as src, h5py.File(short, "w") as dst:
+        for key in src:
+            dst[f"{key}/obs"] = src[key]["obs"][:-2]
+            dst[f"{key}/actions"] = src[key]["actions"][:]
+    with pytest.raises(ManiSkillDemoError, match="expected one more observation than actions"):
+        read_maniskill_h5(short)
+    meta = json.loads(h5.with_suffix(".json").read_text())
+    meta["env_info"]["env_kwargs"]["obs_mode"] = "rgb"
+    rgb = tmp_path / "rgb.h5"
+    rgb.write_bytes(h5.read_bytes())
+    rgb.with_suffix(".json").write_text(json.dumps(meta))
+    with pytest.raises(ManiSkillDemoError, match="only flat 'state' observations"):
+        read_maniskill_h5(rgb)
+    assert main(["collect", "maniskill", str(tmp_path / "x"), "task=PushT-v1"]) == 2

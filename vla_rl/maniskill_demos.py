@@ -1,0 +1,236 @@
+"""ManiSkill3 demonstrations: motion-planner demos, control-mode conversion, and ManiSkill's ``.h5`` files.
+
+The pipeline behind ``vla-rl collect maniskill`` (each step a function, so each can be used alone):
+
+1. :func:`plan_demos` runs ManiSkill's own motion-planning solution for the task (``mplib`` on the
+   ``pd_joint_pos`` controller, as ManiSkill's ``motionplanning/panda/run.py`` does), keeps successful
+   episodes only, and records them with ManiSkill's ``RecordEpisode`` as ``<task>.h5`` + ``.json``.
+2. :func:`convert_demos` replays them with ManiSkill's ``replay_trajectory`` into the control mode and
+   observation mode the policy uses (default ``pd_ee_delta_pose``, ``state``): the converter tracks the
+   joint-space plan closed-loop with the target controller and keeps the replays that still succeed.
+3. :func:`read_maniskill_h5` turns such a file (or any ManiSkill trajectory file a user brings) into a
+   :class:`~vla_rl.data.DemoDataset`; :func:`collect_maniskill` writes it as a LeRobot v3.0 dataset.
+
+ManiSkill's trajectory format: ``traj_<i>/obs`` has one more row than ``traj_<i>/actions`` (the final
+observation); frame ``t`` pairs ``obs[t]`` with ``actions[t]``. The ``.json`` beside the file names the
+task (``env_info.env_id``), its control / observation mode and each episode's reset seed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vla_rl.data import DemoDataset
+from vla_rl.envs.maniskill import default_instruction, ensure_vulkan
+
+# The tasks ManiSkill 3.0.1 ships a Panda motion-planning solution for (``...panda.solutions``).
+PLANNED_TASKS = ("PickCube-v1", "PushCube-v1", "StackCube-v1", "PullCube-v1", "LiftPegUpright-v1",
+                 "PegInsertionSide-v1", "PlugCharger-v1", "PlaceSphere-v1", "PullCubeTool-v1",
+                 "StackPyramid-v1", "DrawTriangle-v1", "DrawSVG-v1")
+
+
+class ManiSkillDemoError(RuntimeError):
+    pass
+
+
+def _solver(task: str):
+    if task not in PLANNED_TASKS:
+        raise ValueError(f"ManiSkill has no motion-planning solution for {task!r}; it has one for: "
+                         f"{', '.join(PLANNED_TASKS)}")
+    ensure_vulkan()
+    try:
+        from mani_skill.examples.motionplanning.panda import solutions
+    except ImportError as e:  # mplib missing (scripts/setup_maniskill.sh installs mplib 0.1.1)
+        raise ManiSkillDemoError(f"ManiSkill's motion planners need mplib==0.1.1 ({e}); run "
+                                 "`make sims` or `pip install mplib==0.1.1`") from e
+    return getattr(solutions, "solve" + task.split("-")[0])
+
+
+def plan_demos(task: str, num_episodes: int, out_dir: str | Path, *, seed: int = 0,
+               max_attempts: int | None = None, log=print) -> Path:
+    """Record ``num_episodes`` successful motion-planner episodes of ``task`` (reset seeds ``seed``,
+    ``seed + 1``, ...; failed plans are skipped) into ``out_dir/<task>.h5``; returns that path.
+
+    Gives up with an error after ``max_attempts`` seeds (default ``3 * num_episodes + 10``)."""
+    import gymnasium as gym
+    from mani_skill.utils.wrappers.record import RecordEpisode
+
+    if num_episodes < 1:
+        raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
+    solve = _solver(task)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in (out_dir / f"{task}.h5", out_dir / f"{task}.json"):
+        stale.unlink(missing_ok=True)
+    env = gym.make(task, obs_mode="none", control_mode="pd_joint_pos", render_mode="rgb_array",
+                   sim_backend="physx_cpu")
+    env = RecordEpisode(env, output_dir=str(out_dir), trajectory_name=task, save_video=False,
+                        source_type="motionplanning", source_desc="ManiSkill's motion-planning solution",
+                        record_reward=False, save_on_reset=False)
+    max_attempts = max_attempts or 3 * num_episodes + 10
+    kept, attempts, s = 0, 0, seed
+    try:
+        while kept < num_episodes:
+            if attempts >= max_attempts:
+                raise ManiSkillDemoError(f"{task}: only {kept} of {attempts} motion plans succeeded; "
+                                         f"wanted {num_episodes}")
+            try:
+                res = solve(env, seed=s)
+            except Exception as e:  # the solutions raise on unreachable poses; count as a failed plan
+                log(f"{task} seed {s}: planning failed ({type(e).__name__}: {e})")
+                res = -1
+            ok = res != -1 and bool(np.asarray(res[-1]["success"]).reshape(-1)[0])
+            env.flush_trajectory(save=ok)
+            kept, attempts, s = kept + ok, attempts + 1, s + 1
+    finally:
+        env.close()
+    log(f"{task}: {kept} successful motion plans from {attempts} seeds")
+    return out_dir / f"{task}.h5"
+
+
+def convert_demos(h5: str | Path, *, control_mode: str = "pd_ee_delta_pose", obs_mode: str = "state",
+                  log=print) -> Path:
+    """Replay ``h5`` into ``control_mode`` / ``obs_mode`` with ManiSkill's converter (a subprocess, its
+    output in ``<h5>.replay.log``); returns the new file. Replays that fail after conversion are dropped."""
+    h5 = Path(h5)
+    out = h5.with_name(f"{h5.stem}.{obs_mode}.{control_mode}.physx_cpu.h5")
+    out.unlink(missing_ok=True)
+    ensure_vulkan()  # sets VK_ICD_FILENAMES for the child too
+    cmd = [sys.executable, "-m", "mani_skill.trajectory.replay_trajectory", "--traj-path", str(h5),
+           "-c", control_mode, "-o", obs_mode, "--save-traj", "-b", "physx_cpu"]
+    log_path = h5.with_suffix(".replay.log")
+    with open(log_path, "w") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+    if rc != 0 or not out.is_file():
+        tail = log_path.read_text()[-1500:]
+        raise ManiSkillDemoError(f"converting {h5} to {control_mode}/{obs_mode} failed (exit {rc}); "
+                                 f"log {log_path}:\n{tail}")
+    summary = [ln for ln in log_path.read_text().splitlines() if ln.startswith("Replayed")]
+    if summary:
+        log(f"{h5.name} -> {out.name}: {summary[-1]}")
+    return out
+
+
+@dataclass(frozen=True)
+class ManiSkillTrajectoryInfo:
+    task: str
+    control_mode: str
+    obs_mode: str
+    episodes: list[dict]
+
+
+def read_trajectory_info(h5: str | Path) -> ManiSkillTrajectoryInfo:
+    """The ``.json`` ManiSkill writes beside a trajectory ``.h5``."""
+    path = Path(h5).with_suffix(".json")
+    if not path.is_file():
+        raise ManiSkillDemoError(f"{path} not found: ManiSkill writes it beside every trajectory .h5, and it "
+                                 "names the task and the control mode")
+    try:
+        meta = json.loads(path.read_text())
+        env_info = meta["env_info"]
+        kwargs = env_info.get("env_kwargs", {})
+        return ManiSkillTrajectoryInfo(task=env_info["env_id"], control_mode=kwargs.get("control_mode"),
+                                       obs_mode=kwargs.get("obs_mode"), episodes=list(meta["episodes"]))
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ManiSkillDemoError(f"{path} is not a ManiSkill trajectory description ({type(e).__name__}: {e})") \
+            from e
+
+
+def read_maniskill_h5(h5: str | Path, *, instruction: str | None = None,
+                      max_episodes: int | None = None) -> DemoDataset:
+    """A ManiSkill trajectory file with flat state observations (``obs_mode="state"``) as a
+    :class:`DemoDataset` (no cameras: ``images`` is ``[M, 0, 1, 1, 3]``), instruction from the task id.
+
+    Only successful episodes are kept (all are, in files written by :func:`convert_demos`)."""
+    import h5py
+
+    h5 = Path(h5)
+    info = read_trajectory_info(h5)
+    if info.obs_mode not in ("state", None):
+        raise ManiSkillDemoError(f"{h5} has {info.obs_mode!r} observations; only flat 'state' observations "
+                                 "are read (convert with obs_mode='state')")
+    text = instruction or default_instruction(info.task)
+    states, actions, ep_idx, fr_idx = [], [], [], []
+    try:
+        f = h5py.File(h5, "r")
+    except OSError as e:
+        raise ManiSkillDemoError(f"{h5} is not a readable HDF5 file ({e})") from e
+    with f:
+        for ep in info.episodes:
+            if max_episodes is not None and len(states) >= max_episodes:
+                break
+            if not ep.get("success", True):
+                continue
+            key = f"traj_{ep['episode_id']}"
+            if key not in f:
+                raise ManiSkillDemoError(f"{h5}: episode {key} is listed in the .json but missing")
+            obs, act = f[key]["obs"], f[key]["actions"]
+            if not isinstance(obs, h5py.Dataset) or obs.ndim != 2:
+                raise ManiSkillDemoError(f"{h5}: {key}/obs is not a flat [T+1, D] state array")
+            obs, act = np.asarray(obs, np.float32), np.asarray(act, np.float32)
+            if len(obs) != len(act) + 1 or act.ndim != 2:
+                raise ManiSkillDemoError(f"{h5}: {key} has {len(obs)} observations for {len(act)} actions "
+                                         "(expected one more observation than actions)")
+            if not (np.isfinite(obs).all() and np.isfinite(act).all()):
+                raise ManiSkillDemoError(f"{h5}: {key} contains NaN or inf")
+            e = len(states)
+            states.append(obs[:-1])
+            actions.append(act)
+            ep_idx.append(np.full(len(act), e))
+            fr_idx.append(np.arange(len(act)))
+    if not states:
+        raise ManiSkillDemoError(f"{h5} holds no successful episodes")
+    state = torch.from_numpy(np.concatenate(states))
+    m = state.shape[0]
+    return DemoDataset(images=torch.zeros(m, 0, 1, 1, 3, dtype=torch.uint8), state=state,
+                       action=torch.from_numpy(np.concatenate(actions)),
+                       episode_index=torch.from_numpy(np.concatenate(ep_idx)),
+                       frame_index=torch.from_numpy(np.concatenate(fr_idx)),
+                       task_index=torch.zeros(m, dtype=torch.long), tasks=[text])
+
+
+def episode_limit(task: str, demo_lengths: list[int], given: int | None) -> int:
+    """The time limit evaluations and RL use for a demo-trained policy: ``given``, else the task's
+    registered limit, raised to 1.5 x the longest demo (rounded up to 10) where the planner's demos are
+    longer than the limit (PushCube: limit 50, planner demos 64-74 steps) -- a policy that imitates them
+    would otherwise time out by construction."""
+    from vla_rl.envs.maniskill import task_max_episode_steps
+
+    if given is not None:
+        return given
+    longest = max(demo_lengths) if demo_lengths else 0
+    return max(task_max_episode_steps(task), -(-int(1.5 * longest) // 10) * 10)
+
+
+def collect_maniskill(out: str | Path, *, task: str, episodes: int, seed: int = 0,
+                      control_mode: str = "pd_ee_delta_pose", max_episode_steps: int | None = None,
+                      fps: int = 20, extra_info: dict | None = None, log=print) -> Path:
+    """Motion-planner demos of ``task`` -> ``control_mode`` + state observations -> a LeRobot v3.0 dataset
+    at ``out``. ManiSkill's own ``.h5`` files are kept in ``<out>.maniskill/``. info.json records the env
+    (``"vla_rl": {"env": "maniskill", "env_config": ManiSkillConfig fields}``) for ``vla-rl sft``'s evaluation."""
+    from vla_rl.config import to_dict
+    from vla_rl.envs.maniskill import ManiSkillConfig
+    from vla_rl.lerobot import write_lerobot_dataset
+
+    out = Path(out)
+    raw_dir = out.with_name(out.name + ".maniskill")
+    planned = plan_demos(task, episodes, raw_dir, seed=seed, log=log)
+    converted = convert_demos(planned, control_mode=control_mode, obs_mode="state", log=log)
+    data = read_maniskill_h5(converted)
+    if data.num_episodes < episodes:
+        log(f"{task}: {episodes - data.num_episodes} of {episodes} plans did not survive the conversion to "
+            f"{control_mode}; the dataset has {data.num_episodes}")
+    lengths = torch.bincount(data.episode_index).tolist()
+    env_cfg = ManiSkillConfig(task=task, control_mode=control_mode, obs_mode="state",
+                              max_episode_steps=episode_limit(task, lengths, max_episode_steps))
+    log(f"{task}: demo lengths {min(lengths)}-{max(lengths)} steps; episode limit {env_cfg.max_episode_steps}")
+    return write_lerobot_dataset(out, data, fps=fps, camera_names=[], robot_type="panda",
+                                 extra_info={"vla_rl": {"env": "maniskill", "env_config": to_dict(env_cfg),
+                                                        "source": str(converted), **(extra_info or {})}})
