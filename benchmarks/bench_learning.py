@@ -1,15 +1,20 @@
-"""SFT -> RL learning benchmark on the built-in task: for each seed, collect expert demos, train the
-``tiny`` policy on them (few-shot SFT), then run Flow-SDE PPO and Flow-Noise PPO (the experiment presets)
-from that SFT policy, evaluating with the deterministic ODE sampler on fixed seeds along the way.
+"""SFT -> RL learning benchmark, one command for a list of tasks: for each task and seed, collect expert
+demos (built-in: the scripted expert; ManiSkill3: ManiSkill's motion planner, converted to
+``pd_ee_delta_pose`` with state observations), train the ``tiny`` policy on the first ``--demos`` of them
+(few-shot SFT), then run Flow-SDE PPO and Flow-Noise PPO (the task's experiment presets) from that SFT
+policy, evaluating with the deterministic ODE sampler on fixed seeds along the way (the evaluation at
+iteration 0 is the SFT policy's).
 
-    python benchmarks/bench_learning.py [--seeds 0,1,2] [--iterations 80] [--methods sde,noise]
-                                        [--demos 10] [--sft-steps 500] [--eval-every 10]
+    python benchmarks/bench_learning.py [--tasks builtin,PushCube-v1] [--seeds 0,1,2] [--methods sde,noise]
+                                        [--iterations N] [--demos N] [--sft-steps N] [--eval-every 10]
                                         [--eval-episodes 200] [--out runs/bench_learning]
 
-Writes into ``--out``: one run folder per (seed, method) (the trainer's normal output: metrics.jsonl,
-checkpoints), ``table.md`` (printed too) and ``curves.png`` (success vs env-steps per method; needs
-matplotlib). A run whose metrics already reach ``--iterations`` is not run again, and an unfinished one
-resumes from its newest checkpoint, so the command can be stopped and restarted.
+``--iterations``, ``--demos``, ``--sft-steps`` default to each task's entry in :data:`TASKS`. Writes into
+``--out``: per task a folder with the demos, one SFT policy per seed and one run folder per (seed, method)
+(the trainer's normal output: metrics.jsonl, checkpoints), ``table.md`` (all tasks; printed too) and
+``<task>_curves.png`` (success vs env-steps per method; needs matplotlib). Finished runs are not run
+again and an unfinished one resumes from its newest checkpoint, so the command can be stopped and
+restarted (ManiSkill runs take about an hour each on 2 cores).
 
 Table columns: SFT success and the success after RL (mean ± standard deviation over seeds, each
 evaluated on ``--eval-episodes`` fixed-seed episodes), the best evaluation reached, and the env-steps and
@@ -24,6 +29,7 @@ import json
 import shutil
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,26 +38,54 @@ from vla_rl.actor import Actor
 from vla_rl.checkpoint import CheckpointError, save_policy
 from vla_rl.collect import collect_builtin_demos
 from vla_rl.config import load_preset
+from vla_rl.maniskill_demos import collect_maniskill
 from vla_rl.policies.config import policy_preset
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.sft import SFTConfig, train_sft
+from vla_rl.sft import SFTConfig, SFTRunConfig, run_sft, train_sft
 from vla_rl.trainer import TrainConfig, Trainer, resume_trainer
 
-PRESETS = {"sde": "builtin_flow_sde", "noise": "builtin_flow_noise"}
 LABELS = {"sde": "Flow-SDE PPO", "noise": "Flow-Noise PPO"}
 
 
-def sft_policy(out: Path, seed: int, demos: int, steps: int) -> Path:
+@dataclass(frozen=True)
+class TaskSetup:
+    presets: dict[str, str]   # method -> experiment preset (configs/experiment)
+    demos: int                # few-shot: SFT on this many demos ...
+    sft_steps: int
+    iterations: int
+    demo_pool: int = 0        # ... of this many collected (ManiSkill: collected once, shared by the seeds)
+    eval_every: int = 10
+    eval_episodes: int = 200
+
+
+TASKS = {
+    "builtin": TaskSetup({"sde": "builtin_flow_sde", "noise": "builtin_flow_noise"}, demos=10, sft_steps=500,
+                         iterations=80),
+    "PushCube-v1": TaskSetup({"sde": "maniskill_pushcube_flow_sde", "noise": "maniskill_pushcube_flow_noise"},
+                             demos=20, sft_steps=2000, iterations=300, demo_pool=100, eval_every=20,
+                             eval_episodes=100),
+}
+
+
+def sft_policy(out: Path, task: str, seed: int, demos: int, steps: int) -> Path:
     path = out / f"seed{seed}" / "sft"
     if (path / "model.safetensors").is_file():
         return path
     torch.manual_seed(seed)
-    data = collect_builtin_demos(demos, seed=seed)
-    norm = NormStats(Stats.of(data.state), Stats.of(data.action))
-    actor = Actor(FlowPolicy(policy_preset("tiny")), norm, env_state_dim=4, env_action_dim=2)
-    train_sft(actor, data, SFTConfig(steps=steps, seed=seed), progress=False)
-    return save_policy(path, actor.model, actor.norm, meta={"demos": demos, "sft_steps": steps, "seed": seed})
+    if task == "builtin":
+        data = collect_builtin_demos(demos, seed=seed)
+        norm = NormStats(Stats.of(data.state), Stats.of(data.action))
+        actor = Actor(FlowPolicy(policy_preset("tiny")), norm, env_state_dim=4, env_action_dim=2)
+        train_sft(actor, data, SFTConfig(steps=steps, seed=seed), progress=False)
+        return save_policy(path, actor.model, actor.norm, meta={"demos": demos, "sft_steps": steps, "seed": seed})
+    # ManiSkill: one pool of motion-planner demos per task; each seed trains on the first `demos` of it.
+    pool = out / "demos"
+    if not (pool / "meta" / "info.json").is_file():
+        collect_maniskill(pool, task=task, episodes=max(demos, TASKS[task].demo_pool), log=lambda *_: None)
+    run_sft(pool, SFTRunConfig(steps=steps, seed=seed, out=str(path), max_episodes=demos, eval_episodes=0),
+            progress=False)
+    return path
 
 
 def read_metrics(run: Path) -> list[dict]:
@@ -61,18 +95,21 @@ def read_metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def rl_run(sft: Path, run: Path, method: str, seed: int, args) -> list[dict]:
+def rl_run(sft: Path, run: Path, preset: str, method: str, seed: int, iterations: int, setup: TaskSetup,
+           args) -> list[dict]:
     history = read_metrics(run)
-    if history and history[-1]["iteration"] >= args.iterations:
+    if history and history[-1]["iteration"] >= iterations:
         return history
-    overrides = {"iterations": args.iterations}
+    overrides = {"iterations": iterations}
     try:
         trainer = resume_trainer(run, overrides=overrides, log=lambda *_: None)
     except CheckpointError:  # nothing to resume from: start afresh (dropping any partial metrics)
         shutil.rmtree(run, ignore_errors=True)
-        cfg = load_preset(TrainConfig, "experiment", PRESETS[method], {
-            "init": str(sft), "out": str(run), "seed": seed, "iterations": args.iterations,
-            "eval_every": args.eval_every, "eval_episodes": args.eval_episodes, "save_every": args.eval_every,
+        cfg = load_preset(TrainConfig, "experiment", preset, {
+            "init": str(sft), "out": str(run), "seed": seed, "iterations": iterations,
+            "eval_every": args.eval_every or setup.eval_every,
+            "eval_episodes": args.eval_episodes or setup.eval_episodes,
+            "save_every": args.eval_every or setup.eval_every,
             "tensorboard": False, "progress": False})
         trainer = Trainer(cfg, log=lambda *_: None)
     t0 = time.time()
@@ -105,23 +142,24 @@ def first_reach(points, level: float) -> tuple[str, str]:
     return "-", "-"
 
 
-def table(curves: dict[str, list], args) -> str:
-    lines = [f"| method | seeds | SFT success | after RL ({args.iterations} it.) | best | env-steps to best | "
-             f"s to best | env-steps to 90 % | s to 90 % |", "|---|---|---|---|---|---|---|---|---|"]
-    for method, runs in curves.items():
+def table(curves: dict[str, dict[str, list]], iterations: dict[str, int]) -> str:
+    lines = ["| task | method | seeds | SFT success | after RL | RL iterations | best | env-steps to best | "
+             "s to best | env-steps to 90 % | s to 90 % |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for task, method, runs in [(t, m, r) for t, by_method in curves.items() for m, r in by_method.items()]:
         sft = [c[0][2] for c in runs]
         final = [c[-1][2] for c in runs]
         best = [max(s for _, _, s in c) for c in runs]
         to_best = [next((st, w) for st, w, s in c if s == b) for c, b in zip(runs, best)]
         to_90 = [first_reach(c, 0.9) for c in runs]
         lines.append(
-            f"| {LABELS[method]} | {len(runs)} | {fmt(sft)} | {fmt(final)} | {fmt(best)} | "
+            f"| {task} | {LABELS[method]} | {len(runs)} | {fmt(sft)} | {fmt(final)} | {iterations[task]} | "
+            f"{fmt(best)} | "
             f"{' / '.join(f'{st:,}' for st, _ in to_best)} | {' / '.join(f'{w:.0f}' for _, w in to_best)} | "
             f"{' / '.join(a for a, _ in to_90)} | {' / '.join(b for _, b in to_90)} |")
     return "\n".join(lines)
 
 
-def plot(curves: dict[str, list], path: Path) -> bool:
+def plot(curves: dict[str, list], path: Path, title: str) -> bool:
     try:
         import matplotlib
 
@@ -139,7 +177,7 @@ def plot(curves: dict[str, list], path: Path) -> bool:
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend()
-    ax.set_title("Built-in ColorReach: few-shot SFT, then RL (one line per seed)")
+    ax.set_title(f"{title}: few-shot SFT, then RL (one line per seed)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -148,29 +186,46 @@ def plot(curves: dict[str, list], path: Path) -> bool:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tasks", default="builtin", help=f"comma-separated, of {', '.join(TASKS)}")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--methods", default="sde,noise")
-    p.add_argument("--iterations", type=int, default=80)
-    p.add_argument("--demos", type=int, default=10)
-    p.add_argument("--sft-steps", type=int, default=500)
-    p.add_argument("--eval-every", type=int, default=10)
-    p.add_argument("--eval-episodes", type=int, default=200)
+    p.add_argument("--iterations", type=int, help="RL iterations (default: the task's)")
+    p.add_argument("--demos", type=int, help="SFT demos (default: the task's)")
+    p.add_argument("--sft-steps", type=int, help="SFT steps (default: the task's)")
+    p.add_argument("--eval-every", type=int, help="default: the task's")
+    p.add_argument("--eval-episodes", type=int, help="default: the task's")
     p.add_argument("--out", default="runs/bench_learning")
     args = p.parse_args()
     out = Path(args.out)
     methods = args.methods.split(",")
-    curves: dict[str, list] = {m: [] for m in methods}
-    for seed in [int(s) for s in args.seeds.split(",")]:
-        t0 = time.time()
-        sft = sft_policy(out, seed, args.demos, args.sft_steps)
-        print(f"seed {seed}: SFT policy at {sft} ({time.time() - t0:.0f} s)", flush=True)
-        for method in methods:
-            curves[method].append(curve(rl_run(sft, out / f"seed{seed}" / method, method, seed, args)))
-    text = table(curves, args)
+    tasks = args.tasks.split(",")
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        p.error(f"unknown task(s) {unknown}; known: {list(TASKS)}")
+    curves: dict[str, dict[str, list]] = {}
+    iterations: dict[str, int] = {}
+    for task in tasks:
+        setup = TASKS[task]
+        its = args.iterations or setup.iterations
+        demos, sft_steps = args.demos or setup.demos, args.sft_steps or setup.sft_steps
+        iterations[task] = its
+        curves[task] = {m: [] for m in methods}
+        task_out = out if task == "builtin" else out / task   # builtin: the layout of earlier results
+        for seed in [int(s) for s in args.seeds.split(",")]:
+            t0 = time.time()
+            sft = sft_policy(task_out, task, seed, demos, sft_steps)
+            print(f"{task} seed {seed}: SFT policy ({demos} demos, {sft_steps} steps) at {sft} "
+                  f"({time.time() - t0:.0f} s)", flush=True)
+            for method in methods:
+                history = rl_run(sft, task_out / f"seed{seed}" / method, setup.presets[method], method, seed,
+                                 its, setup, args)
+                curves[task][method].append(curve(history))
+        title = "Built-in ColorReach" if task == "builtin" else f"ManiSkill3 {task}"
+        if plot(curves[task], out / f"{task}_curves.png", title):
+            print(f"learning curves: {out / f'{task}_curves.png'}")
+        text = table(curves, iterations)   # rewritten after every task: results are kept as they come
+        (out / "table.md").write_text(text + "\n")
     print("\n" + text)
-    (out / "table.md").write_text(text + "\n")
-    if plot(curves, out / "curves.png"):
-        print(f"\nlearning curves: {out / 'curves.png'}")
 
 
 if __name__ == "__main__":
