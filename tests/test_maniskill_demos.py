@@ -132,3 +132,25 @@ def test_bad_trajectory_files_get_clear_errors(pushcube, tmp_path):
     with pytest.raises(ManiSkillDemoError, match="only flat 'state' observations"):
         read_maniskill_h5(rgb)
     assert main(["collect", "maniskill", str(tmp_path / "x"), "task=PushT-v1"]) == 2
+
+
+def test_rgb_demos_match_the_adapters_camera_observation(tmp_path):
+    """Known answer: with obs_mode=rgb the dataset's first frame (camera image + proprioception/extras
+    state) equals what ManiSkillSingleEnv(obs_mode="rgb") returns at the same reset seed."""
+    from vla_rl.envs.maniskill import ManiSkillConfig, ManiSkillSingleEnv
+
+    out = tmp_path / "push_rgb"
+    assert main(["collect", "maniskill", str(out), "task=PushCube-v1", "episodes=1", "seed=5", "obs_mode=rgb",
+                 "image_size=32"]) == 0
+    data = read_lerobot_dataset(out)
+    info = read_lerobot_info(out)
+    assert tuple(data.images.shape[1:]) == (1, 32, 32, 3) and "observation.images.base_camera" in info["features"]
+    cfg = ManiSkillConfig(**{k: v for k, v in info["vla_rl"]["env_config"].items()})
+    assert (cfg.obs_mode, cfg.image_size) == ("rgb", 32)
+    env = ManiSkillSingleEnv(cfg)
+    try:
+        obs = env.reset(seed=5)
+        np.testing.assert_array_equal(obs["images"], data.images[0].numpy())
+        np.testing.assert_allclose(obs["state"], data.state[0].numpy(), atol=1e-6)
+    finally:
+        env.close()

@@ -218,3 +218,24 @@ def test_unknown_or_mistyped_config_keys_are_errors():
         policy_preset("nope")
     with pytest.raises(ValueError, match="num_heads must be a multiple"):
         policy_preset("tiny", {"num_kv_heads": 3})
+
+
+def test_state_only_policy_has_no_image_tokens_and_uses_the_state():
+    """num_cameras=0 (ManiSkill state observations): the prefix is text + state tokens only; the velocity
+    depends on the state, and a camera where none is expected is an error."""
+    cfg = policy_preset("tiny", {"num_cameras": 0, "state_dim": 35, "action_dim": 7})
+    assert cfg.num_prefix_tokens == cfg.max_text_tokens + 1
+    torch.manual_seed(0)
+    model = FlowPolicy(cfg).eval()
+    obs = make_obs(cfg, 3)
+    assert tuple(obs["images"].shape) == (3, 0, 32, 32, 3)
+    tokens, mask = model.embed_prefix(obs)
+    assert tokens.shape[:2] == (3, cfg.num_prefix_tokens) and mask.shape == (3, cfg.num_prefix_tokens)
+    x, t = torch.randn(3, cfg.action_horizon, 7), torch.full((3,), 0.5)
+    v1 = model.field(model.encode_prefix(obs))(x, t)[0]
+    v2 = model.field(model.encode_prefix({**obs, "state": obs["state"] + 1.0}))(x, t)[0]
+    assert v1.shape == (3, cfg.action_horizon, 7) and not torch.allclose(v1, v2)
+    with pytest.raises(ValueError, match=r"images must have shape \[N, 0"):
+        model.embed_prefix({**obs, "images": torch.zeros(3, 1, 32, 32, 3, dtype=torch.uint8)})
+    with pytest.raises(ValueError, match="num_cameras must be >= 0"):
+        policy_preset("tiny", {"num_cameras": -1})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -29,6 +30,8 @@ class CollectConfig:
     # episode limit recorded for evaluation / RL (None: the task's, raised to 1.5 x the longest demo).
     task: str = "PushCube-v1"
     control_mode: str = "pd_ee_delta_pose"
+    obs_mode: Literal["state", "rgb"] = "state"   # rgb: camera images (image_size px) + proprioception
+    image_size: int = 64
     max_episode_steps: int | None = None
 
 
@@ -87,7 +90,8 @@ def collect_dataset(kind: str, out: str | Path, cfg: CollectConfig) -> Path:
             raise ConfigError(f"ManiSkill has no motion-planning solution for task={cfg.task!r}; it has one for: "
                               f"{', '.join(PLANNED_TASKS)}")
         return collect_maniskill(out, task=cfg.task, episodes=cfg.episodes, seed=cfg.seed,
-                                 control_mode=cfg.control_mode, max_episode_steps=cfg.max_episode_steps,
+                                 control_mode=cfg.control_mode, obs_mode=cfg.obs_mode, image_size=cfg.image_size,
+                                 max_episode_steps=cfg.max_episode_steps,
                                  fps=cfg.fps or 20, extra_info={"collect": to_dict(cfg)})
     data = collect_builtin_demos(cfg.episodes, seed=cfg.seed, noise=cfg.noise, num_envs=cfg.num_envs,
                                  config=cfg.env)

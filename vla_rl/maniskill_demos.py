@@ -96,12 +96,21 @@ def plan_demos(task: str, num_episodes: int, out_dir: str | Path, *, seed: int =
 
 
 def convert_demos(h5: str | Path, *, control_mode: str = "pd_ee_delta_pose", obs_mode: str = "state",
-                  log=print) -> Path:
-    """Replay ``h5`` into ``control_mode`` / ``obs_mode`` with ManiSkill's converter (a subprocess, its
-    output in ``<h5>.replay.log``); returns the new file. Replays that fail after conversion are dropped."""
+                  image_size: int | None = None, log=print) -> Path:
+    """Replay ``h5`` into ``control_mode`` / ``obs_mode`` (``state`` or ``rgb``) with ManiSkill's converter
+    (a subprocess, its output in ``<h5>.replay.log``); returns the new file. Replays that fail after
+    conversion are dropped. ``image_size`` sets the cameras' resolution (``rgb``; default: the task's),
+    written into the ``.json`` beside ``h5``, which the converter builds its env from."""
     h5 = Path(h5)
+    if obs_mode not in ("state", "rgb"):
+        raise ValueError(f"obs_mode must be 'state' or 'rgb', got {obs_mode!r}")
     out = h5.with_name(f"{h5.stem}.{obs_mode}.{control_mode}.physx_cpu.h5")
     out.unlink(missing_ok=True)
+    if image_size is not None:
+        meta_path = h5.with_suffix(".json")
+        meta = json.loads(meta_path.read_text())
+        meta["env_info"]["env_kwargs"]["sensor_configs"] = {"width": image_size, "height": image_size}
+        meta_path.write_text(json.dumps(meta, indent=2))
     ensure_vulkan()  # sets VK_ICD_FILENAMES for the child too
     cmd = [sys.executable, "-m", "mani_skill.trajectory.replay_trajectory", "--traj-path", str(h5),
            "-c", control_mode, "-o", obs_mode, "--save-traj", "-b", "physx_cpu"]
@@ -143,21 +152,59 @@ def read_trajectory_info(h5: str | Path) -> ManiSkillTrajectoryInfo:
             from e
 
 
+def _leaves(group, prefix: str = "") -> list[tuple[str, np.ndarray]]:
+    """(path, array) of every dataset under ``group``, keys sorted at each level (the adapter's order)."""
+    import h5py
+
+    out = []
+    for key in sorted(group):
+        item = group[key]
+        if isinstance(item, h5py.Dataset):
+            out.append((prefix + key, np.asarray(item)))
+        else:
+            out += _leaves(item, f"{prefix}{key}/")
+    return out
+
+
+def _frames(obs, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """(images ``[T+1, C, S, S, 3]`` uint8, state ``[T+1, D]`` float32) of one episode's observations,
+    laid out as :func:`vla_rl.envs.maniskill._convert_obs` lays out the live env's: ``state`` obs are the
+    flat vector; ``rgb`` obs give every camera's rgb, and every non-camera entry flattened in sorted key
+    order as the state."""
+    import h5py
+
+    if isinstance(obs, h5py.Dataset):
+        if obs.ndim != 2:
+            raise ManiSkillDemoError(f"{where}/obs is not a flat [T+1, D] state array")
+        state = np.asarray(obs, np.float32)
+        return np.zeros((len(state), 0, 1, 1, 3), np.uint8), state
+    if "sensor_data" not in obs:
+        raise ManiSkillDemoError(f"{where}/obs has no sensor_data (keys: {sorted(obs)})")
+    cams = [c for c in obs["sensor_data"] if "rgb" in obs["sensor_data"][c]]
+    if not cams:
+        raise ManiSkillDemoError(f"{where}/obs/sensor_data has no rgb camera")
+    images = np.stack([np.asarray(obs["sensor_data"][c]["rgb"], np.uint8) for c in cams], axis=1)
+    parts = [a.reshape(len(a), -1).astype(np.float32) for k in sorted(obs) if k not in ("sensor_data", "sensor_param")
+             for _, a in _leaves(obs[k])]
+    return images, np.concatenate(parts, axis=1)
+
+
 def read_maniskill_h5(h5: str | Path, *, instruction: str | None = None,
                       max_episodes: int | None = None) -> DemoDataset:
-    """A ManiSkill trajectory file with flat state observations (``obs_mode="state"``) as a
-    :class:`DemoDataset` (no cameras: ``images`` is ``[M, 0, 1, 1, 3]``), instruction from the task id.
+    """A ManiSkill trajectory file as a :class:`DemoDataset`, instruction from the task id.
 
-    Only successful episodes are kept (all are, in files written by :func:`convert_demos`)."""
+    ``state`` observations give a state-only dataset (``images`` ``[M, 0, 1, 1, 3]``); ``rgb`` ones give
+    the cameras' images and the proprioception + task extras as the state, in the adapter's layout. Only
+    successful episodes are kept (all are, in files written by :func:`convert_demos`)."""
     import h5py
 
     h5 = Path(h5)
     info = read_trajectory_info(h5)
-    if info.obs_mode not in ("state", None):
-        raise ManiSkillDemoError(f"{h5} has {info.obs_mode!r} observations; only flat 'state' observations "
-                                 "are read (convert with obs_mode='state')")
+    if info.obs_mode not in ("state", "rgb", None):
+        raise ManiSkillDemoError(f"{h5} has {info.obs_mode!r} observations; 'state' and 'rgb' are read "
+                                 "(convert with obs_mode='state' or 'rgb')")
     text = instruction or default_instruction(info.task)
-    states, actions, ep_idx, fr_idx = [], [], [], []
+    images, states, actions, ep_idx, fr_idx = [], [], [], [], []
     try:
         f = h5py.File(h5, "r")
     except OSError as e:
@@ -171,16 +218,15 @@ def read_maniskill_h5(h5: str | Path, *, instruction: str | None = None,
             key = f"traj_{ep['episode_id']}"
             if key not in f:
                 raise ManiSkillDemoError(f"{h5}: episode {key} is listed in the .json but missing")
-            obs, act = f[key]["obs"], f[key]["actions"]
-            if not isinstance(obs, h5py.Dataset) or obs.ndim != 2:
-                raise ManiSkillDemoError(f"{h5}: {key}/obs is not a flat [T+1, D] state array")
-            obs, act = np.asarray(obs, np.float32), np.asarray(act, np.float32)
+            img, obs = _frames(f[key]["obs"], f"{h5}: {key}")
+            act = np.asarray(f[key]["actions"], np.float32)
             if len(obs) != len(act) + 1 or act.ndim != 2:
                 raise ManiSkillDemoError(f"{h5}: {key} has {len(obs)} observations for {len(act)} actions "
                                          "(expected one more observation than actions)")
             if not (np.isfinite(obs).all() and np.isfinite(act).all()):
                 raise ManiSkillDemoError(f"{h5}: {key} contains NaN or inf")
             e = len(states)
+            images.append(img[:-1])
             states.append(obs[:-1])
             actions.append(act)
             ep_idx.append(np.full(len(act), e))
@@ -189,12 +235,11 @@ def read_maniskill_h5(h5: str | Path, *, instruction: str | None = None,
         raise ManiSkillDemoError(f"{h5} holds no successful episodes")
     state = torch.from_numpy(np.concatenate(states))
     m = state.shape[0]
-    return DemoDataset(images=torch.zeros(m, 0, 1, 1, 3, dtype=torch.uint8), state=state,
+    return DemoDataset(images=torch.from_numpy(np.concatenate(images)), state=state,
                        action=torch.from_numpy(np.concatenate(actions)),
                        episode_index=torch.from_numpy(np.concatenate(ep_idx)),
                        frame_index=torch.from_numpy(np.concatenate(fr_idx)),
                        task_index=torch.zeros(m, dtype=torch.long), tasks=[text])
-
 
 def episode_limit(task: str, demo_lengths: list[int], given: int | None) -> int:
     """The time limit evaluations and RL use for a demo-trained policy: ``given``, else the task's
@@ -210,11 +255,15 @@ def episode_limit(task: str, demo_lengths: list[int], given: int | None) -> int:
 
 
 def collect_maniskill(out: str | Path, *, task: str, episodes: int, seed: int = 0,
-                      control_mode: str = "pd_ee_delta_pose", max_episode_steps: int | None = None,
-                      fps: int = 20, extra_info: dict | None = None, log=print) -> Path:
-    """Motion-planner demos of ``task`` -> ``control_mode`` + state observations -> a LeRobot v3.0 dataset
-    at ``out``. ManiSkill's own ``.h5`` files are kept in ``<out>.maniskill/``. info.json records the env
-    (``"vla_rl": {"env": "maniskill", "env_config": ManiSkillConfig fields}``) for ``vla-rl sft``'s evaluation."""
+                      control_mode: str = "pd_ee_delta_pose", obs_mode: str = "state", image_size: int = 64,
+                      max_episode_steps: int | None = None, fps: int = 20, extra_info: dict | None = None,
+                      log=print) -> Path:
+    """Motion-planner demos of ``task`` -> ``control_mode`` + ``obs_mode`` (``state``, or ``rgb``: camera
+    images of ``image_size`` + proprioception) -> a LeRobot v3.0 dataset at ``out``. ManiSkill's own
+    ``.h5`` files are kept in ``<out>.maniskill/``. info.json records the env (``"vla_rl": {"env":
+    "maniskill", "env_config": ManiSkillConfig fields}``) for ``vla-rl sft``'s evaluation."""
+    import h5py
+
     from vla_rl.config import to_dict
     from vla_rl.envs.maniskill import ManiSkillConfig
     from vla_rl.lerobot import write_lerobot_dataset
@@ -222,15 +271,21 @@ def collect_maniskill(out: str | Path, *, task: str, episodes: int, seed: int = 
     out = Path(out)
     raw_dir = out.with_name(out.name + ".maniskill")
     planned = plan_demos(task, episodes, raw_dir, seed=seed, log=log)
-    converted = convert_demos(planned, control_mode=control_mode, obs_mode="state", log=log)
+    converted = convert_demos(planned, control_mode=control_mode, obs_mode=obs_mode,
+                              image_size=image_size if obs_mode == "rgb" else None, log=log)
     data = read_maniskill_h5(converted)
     if data.num_episodes < episodes:
         log(f"{task}: {episodes - data.num_episodes} of {episodes} plans did not survive the conversion to "
             f"{control_mode}; the dataset has {data.num_episodes}")
     lengths = torch.bincount(data.episode_index).tolist()
-    env_cfg = ManiSkillConfig(task=task, control_mode=control_mode, obs_mode="state",
+    env_cfg = ManiSkillConfig(task=task, control_mode=control_mode, obs_mode=obs_mode, image_size=image_size,
                               max_episode_steps=episode_limit(task, lengths, max_episode_steps))
     log(f"{task}: demo lengths {min(lengths)}-{max(lengths)} steps; episode limit {env_cfg.max_episode_steps}")
-    return write_lerobot_dataset(out, data, fps=fps, camera_names=[], robot_type="panda",
+    cameras = [f"camera{c}" for c in range(data.images.shape[1])]
+    if obs_mode == "rgb":   # ManiSkill's camera names, in the order the adapter stacks them
+        with h5py.File(converted) as f:
+            sensors = f[next(iter(f))]["obs"]["sensor_data"]
+            cameras = [c for c in sensors if "rgb" in sensors[c]]
+    return write_lerobot_dataset(out, data, fps=fps, camera_names=cameras, robot_type="panda",
                                  extra_info={"vla_rl": {"env": "maniskill", "env_config": to_dict(env_cfg),
                                                         "source": str(converted), **(extra_info or {})}})

@@ -112,8 +112,10 @@ def load_demos(dataset: str | Path) -> tuple[DemoDataset, dict]:
         data = read_maniskill_h5(path)
         meta = read_trajectory_info(path)
         limit = episode_limit(meta.task, torch.bincount(data.episode_index).tolist(), None)
+        rgb = meta.obs_mode == "rgb"
         env_cfg = ManiSkillConfig(task=meta.task, control_mode=meta.control_mode or "pd_ee_delta_pose",
-                                  obs_mode="state", max_episode_steps=limit)
+                                  obs_mode="rgb" if rgb else "state", max_episode_steps=limit,
+                                  image_size=data.images.shape[2] if rgb else 64)
         return data, {"kind": "maniskill", "options": to_dict(env_cfg)}
     info = read_lerobot_info(path)
     data = read_lerobot_dataset(path)
