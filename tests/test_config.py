@@ -64,3 +64,29 @@ def test_word_tokenizer_is_stable_and_case_insensitive():
 
 def torch_equal(a, b):
     return bool((a == b).all())
+
+
+def test_every_shipped_preset_loads_and_its_model_builds():
+    """Each configs/experiment preset is a valid TrainConfig (no unknown keys, env options valid for its
+    adapter); each configs/model preset builds (on the meta device: pi0 is 3B)."""
+    from pathlib import Path
+
+    import torch
+
+    from vla_rl.config import load_preset
+    from vla_rl.envs.maniskill import ManiSkillConfig
+    from vla_rl.policies.config import policy_preset
+    from vla_rl.policies.model import FlowPolicy
+    from vla_rl.trainer import TrainConfig
+
+    root = Path(__file__).resolve().parent.parent / "configs"
+    experiments = sorted(p.stem for p in (root / "experiment").glob("*.yaml"))
+    assert {"builtin_flow_sde", "maniskill_pushcube_flow_sde", "maniskill_pushcube_gpu"} <= set(experiments)
+    for name in experiments:
+        cfg = load_preset(TrainConfig, "experiment", name)
+        if cfg.env.kind == "maniskill":
+            ms = from_dict(ManiSkillConfig, cfg.env.options)
+            assert ms.max_episode_steps == 120   # the planner's demos are longer than PushCube's 50
+    for name in sorted(p.stem for p in (root / "model").glob("*.yaml")):
+        with torch.device("meta"):
+            FlowPolicy(policy_preset(name))
