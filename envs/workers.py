@@ -19,6 +19,7 @@ Glossary: N envs, H actions per chunk, A action dims, C cameras, S image size, D
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import signal
 import traceback
 from collections.abc import Callable
@@ -29,6 +30,8 @@ import numpy as np
 import torch
 
 from .base import ChunkStep, EnvSpec, EpisodeTracker, check_action_chunk
+
+PARENT_CHECK_S = 2.0   # how often an idle worker checks that its parent is still alive
 
 
 class WorkerError(RuntimeError):
@@ -96,6 +99,7 @@ def _write_obs(bufs: _Buffers, index: int, obs: dict, final: bool) -> str:
 def _worker(index: int, factory: Callable, conn) -> None:
     """Worker loop: build the env, then serve reset / step_chunk / render / close commands."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and closes us
+    parent = os.getppid()
     torch.set_num_threads(1)
     bufs = None
     try:
@@ -104,6 +108,11 @@ def _worker(index: int, factory: Callable, conn) -> None:
         msg = conn.recv()
         bufs = _Buffers(msg[1], env.spec, create=False, names=msg[2])
         while True:
+            # A parent killed without closing us (SIGKILL, SIGTERM) must not leave the simulators running:
+            # wait for commands in slices and leave once we have been re-parented.
+            while not conn.poll(PARENT_CHECK_S):
+                if os.getppid() != parent:
+                    return
             cmd, arg = conn.recv()
             if cmd == "reset":
                 obs = env.reset(arg)

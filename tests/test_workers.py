@@ -66,3 +66,46 @@ def _broken_factory():
 def test_worker_that_fails_at_start_reports_its_traceback():
     with pytest.raises(WorkerError, match="simulator exploded at start"):
         WorkerVectorEnv(_broken_factory, 1)
+
+
+def test_workers_exit_when_their_parent_is_killed(tmp_path):
+    """A run killed with SIGKILL (no chance to close its pool) must not leave simulator processes behind,
+    even when another process still holds the pipes' parent ends (here a forked child of the run, as a
+    forked helper or a pre-fork data loader would), so the workers never see EOF: idle workers notice
+    they were re-parented and exit within PARENT_CHECK_S."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import functools, os, sys, time\n"
+        "from vla_rl.envs.builtin import ColorReachSingleEnv\n"
+        "from vla_rl.envs.workers import WorkerVectorEnv\n"
+        "if __name__ == '__main__':\n"
+        "    pool = WorkerVectorEnv(functools.partial(ColorReachSingleEnv), 2, name='orphan')\n"
+        "    pool.reset(seed=0)\n"
+        "    holder = os.fork()\n"
+        "    if holder == 0:\n"
+        "        time.sleep(600)\n"
+        "        os._exit(0)\n"
+        "    print(holder, ' '.join(str(p.pid) for p in pool._procs), flush=True)\n"
+        "    time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        holder, *pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2
+        proc.kill()
+        proc.wait()
+        deadline = time.time() + 30
+        alive = pids
+        while alive and time.time() < deadline:
+            time.sleep(0.5)
+            alive = [p for p in pids if os.path.exists(f"/proc/{p}") and
+                     "Z" not in Path(f"/proc/{p}/stat").read_text().split()[2]]
+        assert not alive, f"workers {alive} outlived their killed parent"
+    finally:
+        proc.kill()
+        if "holder" in locals():
+            os.kill(holder, signal.SIGKILL)
