@@ -170,8 +170,12 @@ class WorkerVectorEnv:
         self.bufs: _Buffers | None = None
         self.spec: EnvSpec | None = None
         try:
+            # Launch every worker before waiting for any: building a simulator env costs seconds of imports
+            # and set-up per process, which then overlap instead of adding up.
             for i in range(num_envs):
-                self._start(i)
+                self._launch(i)
+            for i in range(num_envs):
+                self._handshake(i)
         except BaseException:
             self.close()
             raise
@@ -183,12 +187,20 @@ class WorkerVectorEnv:
 
     # ------------------------------------------------------------------------------------------------
     def _start(self, i: int) -> None:
+        self._launch(i)
+        self._handshake(i)
+
+    def _launch(self, i: int) -> None:
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(target=_worker, args=(i, self.factory, child), daemon=True,
                                  name=f"vla-rl-{self.name}-{i}")
         proc.start()
         child.close()
         self._procs[i], self._conns[i] = proc, parent
+
+    def _handshake(self, i: int) -> None:
+        """Take worker ``i``'s spec (the first one fixes the pool's) and hand it the shared buffers."""
+        parent = self._conns[i]
         kind, spec = self._recv(i)
         if kind != "spec":
             raise WorkerError(i, f"{self.name} worker {i} sent {kind!r} instead of its spec")
