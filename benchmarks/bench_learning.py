@@ -9,7 +9,8 @@ iteration 0 is the SFT policy's).
                                         [--iterations N] [--demos N] [--sft-steps N] [--eval-every 10]
                                         [--eval-episodes 200] [--out runs/bench_learning]
 
-``--iterations``, ``--demos``, ``--sft-steps`` default to each task's entry in :data:`TASKS`. Writes into
+``--iterations``, ``--demos``, ``--sft-steps`` default to each task's entry in :data:`TASKS`; ``--report``
+runs nothing and tabulates the runs as they are (unfinished ones marked "(of N)"). Writes into
 ``--out``: per task a folder with the demos, one SFT policy per seed and one run folder per (seed, method)
 (the trainer's normal output: metrics.jsonl, checkpoints), ``table.md`` (all tasks; printed too) and
 ``<task>_curves.png`` (success vs env-steps per method; needs matplotlib). Finished runs are not run
@@ -63,7 +64,7 @@ TASKS = {
     "builtin": TaskSetup({"sde": "builtin_flow_sde", "noise": "builtin_flow_noise"}, demos=10, sft_steps=500,
                          iterations=80),
     "PushCube-v1": TaskSetup({"sde": "maniskill_pushcube_flow_sde", "noise": "maniskill_pushcube_flow_noise"},
-                             demos=20, sft_steps=2000, iterations=300, demo_pool=100, eval_every=20,
+                             demos=20, sft_steps=2000, iterations=100, demo_pool=100, eval_every=10,
                              eval_episodes=100),
 }
 
@@ -142,17 +143,22 @@ def first_reach(points, level: float) -> tuple[str, str]:
     return "-", "-"
 
 
-def table(curves: dict[str, dict[str, list]], iterations: dict[str, int]) -> str:
+def table(curves: dict[str, dict[str, list]], reached: dict[str, dict[str, list[int]]],
+          planned: dict[str, int]) -> str:
+    """One row per (task, method); "RL iterations" is each seed's last iteration, "(of N)" when a run is
+    unfinished (``--report`` on runs still going or stopped)."""
     lines = ["| task | method | seeds | SFT success | after RL | RL iterations | best | env-steps to best | "
              "s to best | env-steps to 90 % | s to 90 % |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for task, method, runs in [(t, m, r) for t, by_method in curves.items() for m, r in by_method.items()]:
+    for task, method, runs in [(t, m, r) for t, by_method in curves.items() for m, r in by_method.items() if r]:
+        its = reached[task][method]
+        its_text = " / ".join(map(str, its)) + (f" (of {planned[task]})" if min(its) < planned[task] else "")
         sft = [c[0][2] for c in runs]
         final = [c[-1][2] for c in runs]
         best = [max(s for _, _, s in c) for c in runs]
         to_best = [next((st, w) for st, w, s in c if s == b) for c, b in zip(runs, best)]
         to_90 = [first_reach(c, 0.9) for c in runs]
         lines.append(
-            f"| {task} | {LABELS[method]} | {len(runs)} | {fmt(sft)} | {fmt(final)} | {iterations[task]} | "
+            f"| {task} | {LABELS[method]} | {len(runs)} | {fmt(sft)} | {fmt(final)} | {its_text} | "
             f"{fmt(best)} | "
             f"{' / '.join(f'{st:,}' for st, _ in to_best)} | {' / '.join(f'{w:.0f}' for _, w in to_best)} | "
             f"{' / '.join(a for a, _ in to_90)} | {' / '.join(b for _, b in to_90)} |")
@@ -195,6 +201,8 @@ def main() -> None:
     p.add_argument("--eval-every", type=int, help="default: the task's")
     p.add_argument("--eval-episodes", type=int, help="default: the task's")
     p.add_argument("--out", default="runs/bench_learning")
+    p.add_argument("--report", action="store_true",
+                   help="run nothing: tabulate and plot the runs' metrics as they are now (unfinished runs too)")
     args = p.parse_args()
     out = Path(args.out)
     methods = args.methods.split(",")
@@ -203,27 +211,32 @@ def main() -> None:
     if unknown:
         p.error(f"unknown task(s) {unknown}; known: {list(TASKS)}")
     curves: dict[str, dict[str, list]] = {}
-    iterations: dict[str, int] = {}
+    reached: dict[str, dict[str, list[int]]] = {}
+    planned: dict[str, int] = {}
     for task in tasks:
         setup = TASKS[task]
         its = args.iterations or setup.iterations
         demos, sft_steps = args.demos or setup.demos, args.sft_steps or setup.sft_steps
-        iterations[task] = its
-        curves[task] = {m: [] for m in methods}
+        planned[task] = its
+        curves[task], reached[task] = {m: [] for m in methods}, {m: [] for m in methods}
         task_out = out if task == "builtin" else out / task   # builtin: the layout of earlier results
         for seed in [int(s) for s in args.seeds.split(",")]:
-            t0 = time.time()
-            sft = sft_policy(task_out, task, seed, demos, sft_steps)
-            print(f"{task} seed {seed}: SFT policy ({demos} demos, {sft_steps} steps) at {sft} "
-                  f"({time.time() - t0:.0f} s)", flush=True)
+            if not args.report:
+                t0 = time.time()
+                sft = sft_policy(task_out, task, seed, demos, sft_steps)
+                print(f"{task} seed {seed}: SFT policy ({demos} demos, {sft_steps} steps) at {sft} "
+                      f"({time.time() - t0:.0f} s)", flush=True)
             for method in methods:
-                history = rl_run(sft, task_out / f"seed{seed}" / method, setup.presets[method], method, seed,
-                                 its, setup, args)
-                curves[task][method].append(curve(history))
+                run = task_out / f"seed{seed}" / method
+                history = (read_metrics(run) if args.report else
+                           rl_run(sft, run, setup.presets[method], method, seed, its, setup, args))
+                if curve(history):
+                    curves[task][method].append(curve(history))
+                    reached[task][method].append(int(history[-1]["iteration"]))
         title = "Built-in ColorReach" if task == "builtin" else f"ManiSkill3 {task}"
         if plot(curves[task], out / f"{task}_curves.png", title):
             print(f"learning curves: {out / f'{task}_curves.png'}")
-        text = table(curves, iterations)   # rewritten after every task: results are kept as they come
+        text = table(curves, reached, planned)   # rewritten after every task: results are kept as they come
         (out / "table.md").write_text(text + "\n")
     print("\n" + text)
 
