@@ -126,11 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     ev.set_defaults(func=_eval)
 
     col = sub.add_parser("collect", help="record scripted-expert demos as a LeRobot v3.0 dataset",
-                         description="KIND: builtin. Overrides: episodes=50 seed=0 noise=0.1 fps=10 "
-                                     "env.layout=shuffled env.control=delta ... KIND libero: random-policy "
+                         description="KIND builtin: the scripted expert; overrides episodes=50 seed=0 noise=0.1 "
+                                     "env.layout=shuffled env.control=delta ... KIND maniskill: ManiSkill's "
+                                     "motion planner, converted to pd_ee_delta_pose; overrides task=PushCube-v1 "
+                                     "episodes=100 seed=0 obs_mode=state|rgb image_size=64 max_episode_steps=... "
+                                     "KIND libero: random-policy "
                                      "LIBERO episodes in the LIBERO layout; overrides suite=libero_spatial "
                                      "task_ids=[0] episodes_per_task=2 max_episode_steps=50 image_size=256")
-    col.add_argument("kind", help="which task's expert (builtin), or libero (random policy)")
+    col.add_argument("kind", help="builtin (scripted expert), maniskill (motion planner), libero (random policy)")
     col.add_argument("out", help="dataset folder to write (replaced atomically if it exists)")
     col.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
     col.set_defaults(func=_collect)
