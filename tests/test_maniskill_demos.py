@@ -125,12 +125,12 @@ def test_bad_trajectory_files_get_clear_errors(pushcube, tmp_path):
     with pytest.raises(ManiSkillDemoError, match="expected one more observation than actions"):
         read_maniskill_h5(short)
     meta = json.loads(h5.with_suffix(".json").read_text())
-    meta["env_info"]["env_kwargs"]["obs_mode"] = "rgb"
-    rgb = tmp_path / "rgb.h5"
-    rgb.write_bytes(h5.read_bytes())
-    rgb.with_suffix(".json").write_text(json.dumps(meta))
-    with pytest.raises(ManiSkillDemoError, match="only flat 'state' observations"):
-        read_maniskill_h5(rgb)
+    meta["env_info"]["env_kwargs"]["obs_mode"] = "pointcloud"
+    cloud = tmp_path / "cloud.h5"
+    cloud.write_bytes(h5.read_bytes())
+    cloud.with_suffix(".json").write_text(json.dumps(meta))
+    with pytest.raises(ManiSkillDemoError, match="'pointcloud' observations; 'state' and 'rgb' are read"):
+        read_maniskill_h5(cloud)
     assert main(["collect", "maniskill", str(tmp_path / "x"), "task=PushT-v1"]) == 2
 
 
