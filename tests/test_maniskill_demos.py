@@ -134,6 +134,7 @@ def test_bad_trajectory_files_get_clear_errors(pushcube, tmp_path):
     assert main(["collect", "maniskill", str(tmp_path / "x"), "task=PushT-v1"]) == 2
 
 
+@pytest.mark.slow   # renders on lavapipe: ~40 s
 def test_rgb_demos_match_the_adapters_camera_observation(tmp_path):
     """Known answer: with obs_mode=rgb the dataset's first frame (camera image + proprioception/extras
     state) equals what ManiSkillSingleEnv(obs_mode="rgb") returns at the same reset seed."""
