@@ -254,6 +254,19 @@ def episode_limit(task: str, demo_lengths: list[int], given: int | None) -> int:
     return max(task_max_episode_steps(task), -(-int(1.5 * longest) // 10) * 10)
 
 
+def demo_env_config(data: DemoDataset, *, task: str, control_mode: str, obs_mode: str,
+                    max_episode_steps: int | None = None):
+    """The ``ManiSkillConfig`` a policy trained on ``data`` is evaluated / fine-tuned in: the demos' task,
+    controller and observations (camera size: the demos' images), episode limit from :func:`episode_limit`."""
+    from vla_rl.envs.maniskill import ManiSkillConfig
+
+    rgb = obs_mode == "rgb"
+    lengths = torch.bincount(data.episode_index).tolist()
+    return ManiSkillConfig(task=task, control_mode=control_mode, obs_mode="rgb" if rgb else "state",
+                           image_size=data.images.shape[2] if rgb else ManiSkillConfig.image_size,
+                           max_episode_steps=episode_limit(task, lengths, max_episode_steps))
+
+
 def collect_maniskill(out: str | Path, *, task: str, episodes: int, seed: int = 0,
                       control_mode: str = "pd_ee_delta_pose", obs_mode: str = "state", image_size: int = 64,
                       max_episode_steps: int | None = None, fps: int = 20, extra_info: dict | None = None,
@@ -265,7 +278,6 @@ def collect_maniskill(out: str | Path, *, task: str, episodes: int, seed: int = 
     import h5py
 
     from vla_rl.config import to_dict
-    from vla_rl.envs.maniskill import ManiSkillConfig
     from vla_rl.lerobot import write_lerobot_dataset
 
     out = Path(out)
@@ -278,8 +290,8 @@ def collect_maniskill(out: str | Path, *, task: str, episodes: int, seed: int = 
         log(f"{task}: {episodes - data.num_episodes} of {episodes} plans did not survive the conversion to "
             f"{control_mode}; the dataset has {data.num_episodes}")
     lengths = torch.bincount(data.episode_index).tolist()
-    env_cfg = ManiSkillConfig(task=task, control_mode=control_mode, obs_mode=obs_mode, image_size=image_size,
-                              max_episode_steps=episode_limit(task, lengths, max_episode_steps))
+    env_cfg = demo_env_config(data, task=task, control_mode=control_mode, obs_mode=obs_mode,
+                              max_episode_steps=max_episode_steps)
     log(f"{task}: demo lengths {min(lengths)}-{max(lengths)} steps; episode limit {env_cfg.max_episode_steps}")
     cameras = [f"camera{c}" for c in range(data.images.shape[1])]
     if obs_mode == "rgb":   # ManiSkill's camera names, in the order the adapter stacks them

@@ -106,16 +106,12 @@ def load_demos(dataset: str | Path) -> tuple[DemoDataset, dict]:
 
     path = Path(dataset)
     if path.suffix == ".h5":
-        from vla_rl.envs.maniskill import ManiSkillConfig
-        from vla_rl.maniskill_demos import episode_limit, read_maniskill_h5, read_trajectory_info
+        from vla_rl.maniskill_demos import demo_env_config, read_maniskill_h5, read_trajectory_info
 
         data = read_maniskill_h5(path)
         meta = read_trajectory_info(path)
-        limit = episode_limit(meta.task, torch.bincount(data.episode_index).tolist(), None)
-        rgb = meta.obs_mode == "rgb"
-        env_cfg = ManiSkillConfig(task=meta.task, control_mode=meta.control_mode or "pd_ee_delta_pose",
-                                  obs_mode="rgb" if rgb else "state", max_episode_steps=limit,
-                                  image_size=data.images.shape[2] if rgb else 64)
+        env_cfg = demo_env_config(data, task=meta.task, control_mode=meta.control_mode or "pd_ee_delta_pose",
+                                  obs_mode=meta.obs_mode or "state")
         return data, {"kind": "maniskill", "options": to_dict(env_cfg)}
     info = read_lerobot_info(path)
     data = read_lerobot_dataset(path)
