@@ -82,3 +82,34 @@ def test_action_chunks_are_masked_past_episode_end(trained):
     long_ep = int((lengths >= 8).nonzero()[0])
     first = int((ep == long_ep).nonzero().min())
     assert mask[first].all() and torch.equal(chunks[first], data.action[first: first + 8])
+
+
+def _toy_demos(actions: list[list[float]], episodes: list[int]):
+    from vla_rl.data import DemoDataset
+
+    m = len(actions)
+    frame = [sum(1 for e in episodes[:i] if e == episodes[i]) for i in range(m)]
+    return DemoDataset(images=torch.zeros(m, 0, 8, 8, 3, dtype=torch.uint8), state=torch.arange(m).float()[:, None],
+                       action=torch.tensor(actions), episode_index=torch.tensor(episodes),
+                       frame_index=torch.tensor(frame), task_index=torch.zeros(m, dtype=torch.long), tasks=["t"])
+
+
+def test_idle_frames_are_pauses_of_the_arm_that_keep_the_gripper_command():
+    from vla_rl.data import drop_idle_frames, idle_frames
+
+    # episode 0: idle start, move, pause, close the gripper (kept though the arm is still), pause, move;
+    # episode 1 starts idle with the same gripper value as episode 0's end (a new episode: still idle).
+    acts = [[0.0, 0.001, 1], [0.5, 0.0, 1], [0.005, -0.01, 1], [0.0, 0.0, -1], [0.01, 0.0, -1], [0.0, 0.3, -1],
+            [0.0, 0.0, -1], [-0.2, 0.0, -1]]
+    eps = [0, 0, 0, 0, 0, 0, 1, 1]
+    data = _toy_demos(acts, eps)
+    assert idle_frames(data.action, data.episode_index, 0.02).tolist() == [
+        True, False, True, False, True, False, True, False]
+    kept = drop_idle_frames(data, 0.02)
+    assert kept.state[:, 0].tolist() == [1, 3, 5, 7]            # which original frames survived
+    assert kept.episode_index.tolist() == [0, 0, 0, 1] and kept.frame_index.tolist() == [0, 1, 2, 0]
+    chunks, mask = kept.action_chunks(3)                         # chunks run over the kept frames only
+    assert torch.equal(chunks[0], torch.tensor([acts[1], acts[3], acts[5]]))
+    assert mask[2].tolist() == [True, False, False]
+    # a ~0 threshold drops only the frames whose arm command is exactly zero
+    assert drop_idle_frames(data, 1e-9).state[:, 0].tolist() == [0, 1, 2, 3, 4, 5, 7]

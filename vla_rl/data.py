@@ -69,3 +69,35 @@ class DemoDataset:
             start = e + 1
         idx_final = torch.where(valid, idx_c, last[:, None])
         return self.action[idx_final], valid
+
+
+def idle_frames(action: Tensor, episode_index: Tensor, threshold: float) -> Tensor:
+    """``[M]`` True on the frames whose arm command is idle: every action dim but the last (the gripper, as in
+    ManiSkill's and LIBERO's end-effector control) below ``threshold`` in magnitude, with the gripper command
+    unchanged from the episode's previous frame (so the frame that opens or closes the gripper is kept).
+
+    Why: a motion planner pauses between segments (ManiSkill's PickCube demos hold still for ~6 steps after
+    the grasp). Those pauses are states the policy cannot tell from the start of the next move, so a cloned
+    policy that lands in one keeps commanding ~0 and stalls there (measured: grasped, never lifted).
+    OpenVLA filters LIBERO's no-op actions for the same reason."""
+    arm = action[:, :-1].abs().amax(dim=1) < threshold
+    grip = action[:, -1]
+    same_episode = torch.zeros_like(arm)
+    same_episode[1:] = episode_index[1:] == episode_index[:-1]
+    grip_unchanged = torch.ones_like(arm)
+    grip_unchanged[1:] = (grip[1:] - grip[:-1]).abs() < 1e-6
+    return arm & (grip_unchanged | ~same_episode)
+
+
+def drop_idle_frames(data: DemoDataset, threshold: float) -> DemoDataset:
+    """``data`` without its idle frames (:func:`idle_frames`); the remaining frames of each episode are
+    renumbered 0, 1, ... so action chunks run over the moving frames only."""
+    keep = ~idle_frames(data.action, data.episode_index, threshold)
+    episode = data.episode_index[keep]
+    starts = torch.ones_like(episode, dtype=torch.bool)
+    starts[1:] = episode[1:] != episode[:-1]
+    pos = torch.arange(len(episode))
+    first = torch.cummax(torch.where(starts, pos, torch.zeros_like(pos)), dim=0).values
+    return DemoDataset(images=data.images[keep], state=data.state[keep], action=data.action[keep],
+                       episode_index=episode, frame_index=pos - first, task_index=data.task_index[keep],
+                       tasks=list(data.tasks))

@@ -11,7 +11,7 @@ import torch
 from tqdm.auto import tqdm
 
 from vla_rl.actor import Actor, SamplerConfig
-from vla_rl.data import DemoDataset
+from vla_rl.data import DemoDataset, drop_idle_frames
 from vla_rl.policies import flow
 
 
@@ -89,6 +89,8 @@ class SFTRunConfig:
     seed: int = 0
     out: str = "runs/sft"
     max_episodes: int | None = None        # few-shot: train on the first N episodes only (None: all)
+    idle_threshold: float | None = None    # drop idle frames (arm |a| below this, gripper unchanged; see
+                                           # data.idle_frames), e.g. 0.02 for ManiSkill motion-planner demos
     eval_episodes: int = 100               # datasets that name their env (built-in, ManiSkill); 0 skips it
     eval_num_envs: int | None = None       # None: 100 built-in envs, 2 ManiSkill worker processes
     eval_seed: int | None = None           # None: 10_000 + seed (disjoint from the collection seeds)
@@ -157,6 +159,12 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True) ->
         if cfg.max_episodes < 1:
             raise ConfigError(f"max_episodes must be >= 1, got {cfg.max_episodes}")
         data = first_episodes(data, cfg.max_episodes)
+    if cfg.idle_threshold is not None:
+        if not cfg.idle_threshold > 0:
+            raise ConfigError(f"idle_threshold must be > 0 (or null), got {cfg.idle_threshold}")
+        before = len(data)
+        data = drop_idle_frames(data, cfg.idle_threshold)
+        print(f"dropped {before - len(data)} idle frames of {before} (idle_threshold={cfg.idle_threshold})")
     _, cams, h, w, _ = data.images.shape
     state_dim, action_dim = data.state.shape[1], data.action.shape[1]
     print(f"dataset {dataset}: {data.num_episodes} episodes, {len(data)} frames, {len(data.tasks)} tasks, "
