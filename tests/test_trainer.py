@@ -164,3 +164,16 @@ def test_actor_learning_rate_schedule_by_hand():
     cfg = PPOConfig(critic_warmup_iters=2, actor_lr_warmup_iters=4)
     assert [actor_lr_scale(i, cfg) for i in range(8)] == [0.0, 0.0, 0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
     assert [actor_lr_scale(i, PPOConfig()) for i in range(3)] == [1.0, 1.0, 1.0]
+
+
+def test_rollout_seeds_are_disjoint_across_iterations_and_away_from_demo_and_eval_seeds():
+    # Worker envs give env i the seed rollout_seed + i. The old seed (seed * 1_000_003 + iteration) made
+    # iteration it use it .. it + 15 on 16 envs: 100 iterations saw 115 initial states, the demos' own.
+    from vla_rl.evaluate import EvalConfig
+    from vla_rl.trainer import rollout_seed
+
+    for seed in (0, 3):
+        blocks = [set(range(rollout_seed(seed, it, 16), rollout_seed(seed, it, 16) + 16)) for it in range(200)]
+        assert len(set().union(*blocks)) == 200 * 16
+        assert min(min(b) for b in blocks) > EvalConfig().seed + 100_000   # demos: 0, 1, ...; eval: 10_000, ...
+    assert rollout_seed(0, 5, 16) != rollout_seed(1, 5, 16)

@@ -102,8 +102,19 @@ def make_env(cfg: EnvConfig, *, num_envs: int, device: torch.device, seed: int):
     raise ConfigError(f"unknown env.kind {cfg.kind!r}")
 
 
-def _iteration_seed(seed: int, iteration: int) -> int:
-    return seed * 1_000_003 + iteration
+ROLLOUT_SEED_BASE = 1_000_000
+
+
+def rollout_seed(seed: int, iteration: int, num_envs: int) -> int:
+    """The reset seed of an iteration's rollout. Worker envs (ManiSkill, LIBERO) give env ``i`` the seed
+    ``rollout_seed + i``, so iterations take disjoint blocks of ``num_envs`` seeds, all at or above
+    ROLLOUT_SEED_BASE: away from the demo collection seeds (0, 1, ...) and the evaluation seeds (10_000, ...).
+
+    Why: the earlier ``seed * 1_000_003 + iteration`` made iteration ``it`` use seeds ``it .. it + 15`` on
+    16 ManiSkill workers, so 100 iterations saw only 115 distinct initial states, and those were the
+    motion-planner demos' own seeds, where the SFT policy already succeeds (measured on PickCube: Flow-SDE
+    rollouts succeeded ~80 % while the held-out evaluation read 27 %)."""
+    return ROLLOUT_SEED_BASE * (seed + 1) + iteration * num_envs
 
 
 def _peak_memory_mb(device: torch.device) -> float:
@@ -250,7 +261,7 @@ class Trainer:
         bar = tqdm(range(self.iteration, cfg.iterations), desc="rl", disable=not cfg.progress, leave=False)
         for it in bar:
             t0 = time.perf_counter()
-            seed = _iteration_seed(cfg.seed, it)
+            seed = rollout_seed(cfg.seed, it, self.env.num_envs)
             grpo = cfg.ppo.algorithm == "grpo"
             obs = self.env.reset(seed=seed, group_size=cfg.ppo.group_size) if grpo else self.env.reset(seed=seed)
             gen = torch.Generator(device=self.device).manual_seed(seed)
