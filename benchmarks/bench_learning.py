@@ -5,7 +5,7 @@ demos (built-in: the scripted expert; ManiSkill3: ManiSkill's motion planner, co
 policy, evaluating with the deterministic ODE sampler on fixed seeds along the way (the evaluation at
 iteration 0 is the SFT policy's).
 
-    python benchmarks/bench_learning.py [--tasks builtin,PushCube-v1] [--seeds 0,1,2] [--methods sde,noise]
+    python benchmarks/bench_learning.py [--tasks builtin,PushCube-v1,PickCube-v1] [--seeds 0,1,2] [--methods sde,noise]
                                         [--iterations N] [--demos N] [--sft-steps N] [--eval-every 10]
                                         [--eval-episodes 200] [--out runs/bench_learning]
 
