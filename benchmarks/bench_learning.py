@@ -30,7 +30,7 @@ import json
 import shutil
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -58,7 +58,7 @@ class TaskSetup:
     demo_pool: int = 0        # ... of this many collected (ManiSkill: collected once, shared by the seeds)
     eval_every: int = 10
     eval_episodes: int = 200
-    sft: tuple[tuple[str, object], ...] = ()   # further ``vla-rl sft`` settings (SFTRunConfig fields), e.g. lr
+    sft: dict[str, object] = field(default_factory=dict)   # further SFTRunConfig fields, e.g. lr
 
 
 TASKS = {
@@ -67,11 +67,11 @@ TASKS = {
     "PushCube-v1": TaskSetup({"sde": "maniskill_pushcube_flow_sde", "noise": "maniskill_pushcube_flow_noise"},
                              demos=20, sft_steps=2000, iterations=100, demo_pool=100, eval_every=10,
                              eval_episodes=100),
-    # PickCube: the planner pauses ~6 steps after the grasp; cloned as is, the policy stalls there (grasped,
+    # PickCube: the planner pauses ~7 steps after the grasp; cloned as is, the policy stalls there (grasped,
     # never lifted: 0.02-0.03 from 40 demos). Dropping those idle frames is what moves SFT (see RESULTS.md).
     "PickCube-v1": TaskSetup({"sde": "maniskill_pickcube_flow_sde", "noise": "maniskill_pickcube_flow_noise"},
                              demos=100, sft_steps=6000, iterations=100, demo_pool=100, eval_every=10,
-                             eval_episodes=100, sft=(("lr", 1e-3), ("idle_threshold", 0.02))),
+                             eval_episodes=100, sft={"lr": 1e-3, "idle_threshold": 0.02}),
 }
 
 
@@ -91,7 +91,7 @@ def sft_policy(out: Path, task: str, seed: int, demos: int, steps: int) -> Path:
     if not (pool / "meta" / "info.json").is_file():
         collect_maniskill(pool, task=task, episodes=max(demos, TASKS[task].demo_pool), log=lambda *_: None)
     run_sft(pool, SFTRunConfig(steps=steps, seed=seed, out=str(path), max_episodes=demos, eval_episodes=0,
-                               **dict(TASKS[task].sft)), progress=False)
+                               **TASKS[task].sft), progress=False)
     return path
 
 

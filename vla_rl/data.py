@@ -76,7 +76,7 @@ def idle_frames(action: Tensor, episode_index: Tensor, threshold: float) -> Tens
     ManiSkill's and LIBERO's end-effector control) below ``threshold`` in magnitude, with the gripper command
     unchanged from the episode's previous frame (so the frame that opens or closes the gripper is kept).
 
-    Why: a motion planner pauses between segments (ManiSkill's PickCube demos hold still for ~6 steps after
+    Why: a motion planner pauses between segments (ManiSkill's PickCube demos hold still for ~7 steps after
     the grasp). Those pauses are states the policy cannot tell from the start of the next move, so a cloned
     policy that lands in one keeps commanding ~0 and stalls there (measured: grasped, never lifted).
     OpenVLA filters LIBERO's no-op actions for the same reason."""
