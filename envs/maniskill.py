@@ -58,7 +58,13 @@ INSTRUCTIONS = {
 }
 
 OBS_MODES = ("state", "rgb", "rgb+state")
-REWARDS = {"sparse": "sparse", "dense": "normalized_dense"}
+REWARDS = {"sparse": "sparse", "dense": "normalized_dense", "dense_cost": "normalized_dense"}
+# Added to every step's reward. ``dense_cost`` is normalized_dense - 1: ManiSkill normalises each task's
+# dense reward so that a success step earns exactly 1, so the shifted reward is <= 0 before success and 0
+# at it, and the success (terminated) state is worth 0 after. Plain dense reward with terminate-on-success
+# pays an agent to hover near the goal (0.6-0.8 per step on PickCube, forever) rather than finish (1,
+# once); with the cost every step short of success loses, so finishing early is the best return.
+REWARD_OFFSET = {"sparse": 0.0, "dense": 0.0, "dense_cost": -1.0}
 SIM_BACKENDS = ("auto", "cpu", "gpu")
 
 
@@ -83,7 +89,8 @@ class ManiSkillConfig:
     task: str = "PickCube-v1"                          # any ManiSkill env id
     control_mode: str = "pd_ee_delta_pose"
     obs_mode: Literal["state", "rgb", "rgb+state"] = "state"
-    reward: Literal["sparse", "dense"] = "sparse"      # dense = ManiSkill's "normalized_dense"
+    reward: Literal["sparse", "dense", "dense_cost"] = "sparse"  # dense = ManiSkill's "normalized_dense";
+    # dense_cost = normalized_dense - 1 (see REWARD_OFFSET)
     image_size: int = 64                               # camera images are S x S
     max_episode_steps: int | None = None               # None: the task's registered limit
     instruction: str | None = None                     # None: default_instruction(task)
@@ -291,7 +298,8 @@ class ManiSkillSingleEnv:
         terminated = bool(terminated.reshape(-1)[0])
         success = bool(info["success"].reshape(-1)[0]) if "success" in info else terminated
         truncated = not terminated and self._t >= self.max_episode_steps
-        return self._obs(raw), float(reward.reshape(-1)[0]), terminated, truncated, success
+        reward = float(reward.reshape(-1)[0]) + REWARD_OFFSET[self.cfg.reward]
+        return self._obs(raw), reward, terminated, truncated, success
 
     def render_frame(self) -> np.ndarray:
         """An RGB frame ``[H, W, 3]`` uint8 from ManiSkill's human-view camera (``render_size``)."""
@@ -377,7 +385,7 @@ class ManiSkillGPUEnv:
         for h in range(horizon):
             action = torch.where(active[:, None], chunk[:, h], self._idle)
             raw, r, term, _, info = self.env.step(action)
-            r = r.to(dev).float().reshape(n)
+            r = r.to(dev).float().reshape(n) + REWARD_OFFSET[self.cfg.reward]
             term = term.to(dev).bool().reshape(n)
             succ = info["success"].to(dev).bool().reshape(n) if "success" in info else term
             self._t += active.long()

@@ -165,6 +165,20 @@ def test_sparse_reward_is_success_and_dense_is_shaped(pick, push_dense):
 
 
 @sim
+def test_dense_cost_is_dense_minus_one(push_dense):
+    cost = ManiSkillSingleEnv(ManiSkillConfig(task="PushCube-v1", reward="dense_cost", max_episode_steps=5))
+    try:
+        actions = [np.full(7, v, np.float32) for v in (0.3, -0.2, 0.5)]
+        _, dense = _rollout(push_dense, 3, actions)
+        _, shifted = _rollout(cost, 3, actions)
+    finally:
+        cost.close()
+    for d, c in zip(dense, shifted):
+        assert c[0] == pytest.approx(d[0] - 1.0, abs=1e-6) and c[0] <= 0.0
+        assert c[1:] == d[1:]
+
+
+@sim
 def test_truncation_at_max_episode_steps(push_dense):
     push_dense.reset(1)
     flags = [push_dense.step(np.zeros(7, np.float32))[2:4] for _ in range(5)]

@@ -177,3 +177,28 @@ def test_rollout_seeds_are_disjoint_across_iterations_and_away_from_demo_and_eva
         assert len(set().union(*blocks)) == 200 * 16
         assert min(min(b) for b in blocks) > EvalConfig().seed + 100_000   # demos: 0, 1, ...; eval: 10_000, ...
     assert rollout_seed(0, 5, 16) != rollout_seed(1, 5, 16)
+
+
+def test_reward_scale_scales_the_value_targets(sft_checkpoint, tmp_path):
+    from vla_rl.checkpoint import load_policy
+    from vla_rl.learner import Learner, PPOConfig
+    from vla_rl.rollout import Rollout
+
+    model, norm, _ = load_policy(sft_checkpoint)
+    actor = Actor(model, norm, env_state_dim=4, env_action_dim=2)
+    # 2 envs, 2 chunks; env 0 ends at chunk 0 (terminated), env 1 runs on and bootstraps from last_values.
+    rewards = torch.tensor([[-4.0, -2.0], [-6.0, -8.0]])
+    term = torch.tensor([[True, False], [False, False]])
+    values = torch.tensor([[-0.1, -0.2], [-0.3, -0.4]])
+    z = torch.zeros(2, 2)
+    ro = Rollout(obs={}, chain=z, stochastic=z, old_log_prob=z, entropy=z, values=values, rewards=rewards,
+                 terminated=term, truncated=torch.zeros_like(term), success=term, final_values=z,
+                 last_values=torch.tensor([-0.5, -0.6]))
+    learner = Learner(actor, PPOConfig(reward_scale=0.05, gamma=0.9, lam=1.0, normalize_advantages=False),
+                      method="sde", noise_level=0.5, execute=8)
+    _, ret, _ = learner.compute_advantages(ro)
+    # lam = 1: returns are the discounted scaled rewards plus the discounted bootstrap value
+    expected = torch.tensor([[-0.2, -0.1 + 0.9 * (-0.4 + 0.9 * -0.6)], [-0.3 + 0.9 * -0.5, -0.4 + 0.9 * -0.6]])
+    torch.testing.assert_close(ret, expected)
+    with pytest.raises(ConfigError, match="reward_scale"):
+        config(sft_checkpoint, tmp_path, ppo={"reward_scale": 0.0})

@@ -16,6 +16,7 @@ import torch
 from vla_rl import advantages as adv_lib
 from vla_rl import losses
 from vla_rl.actor import Actor
+from vla_rl.config import ConfigError
 from vla_rl.policies import flow
 from vla_rl.rollout import LogProbConfig, Rollout, aggregate_log_prob
 
@@ -32,6 +33,10 @@ class PPOConfig:
     grpo_filter: bool = True
     gamma: float = 0.99
     lam: float = 0.95
+    # Rewards are multiplied by this before GAE. Keeps the value targets O(1) under a per-step cost
+    # (ManiSkill's dense_cost sums to -40..-80 over an episode): the value head's Adam steps (~lr_critic
+    # each) and the value clip (0.2 per update) could not follow targets that far from the start.
+    reward_scale: float = 1.0
     clip: float = 0.2
     dual_clip: float | None = 3.0
     value_clip: float | None = 0.2
@@ -54,6 +59,10 @@ class PPOConfig:
     actor_lr_warmup_iters: int = 0
     freeze_prefix: bool = False
     log_prob: LogProbConfig = LogProbConfig()
+
+    def __post_init__(self):
+        if not (math.isfinite(self.reward_scale) and self.reward_scale > 0):
+            raise ConfigError(f"ppo.reward_scale must be a positive finite number, got {self.reward_scale}")
 
 
 class Learner:
@@ -80,7 +89,7 @@ class Learner:
     def compute_advantages(self, ro: Rollout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Advantages, value targets and a mask of the samples that take part, all ``[T, N]``."""
         cfg = self.cfg
-        adv, ret = adv_lib.gae(rewards=ro.rewards, values=ro.values, terminated=ro.terminated,
+        adv, ret = adv_lib.gae(rewards=ro.rewards * cfg.reward_scale, values=ro.values, terminated=ro.terminated,
                                truncated=ro.truncated, final_values=ro.final_values, last_values=ro.last_values,
                                gamma=cfg.gamma, lam=cfg.lam)
         mask = torch.ones_like(adv, dtype=torch.bool)
