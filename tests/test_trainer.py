@@ -202,3 +202,18 @@ def test_reward_scale_scales_the_value_targets(sft_checkpoint, tmp_path):
     torch.testing.assert_close(ret, expected)
     with pytest.raises(ConfigError, match="reward_scale"):
         config(sft_checkpoint, tmp_path, ppo={"reward_scale": 0.0})
+
+
+def test_actor_and_critic_gradients_are_clipped_separately():
+    from vla_rl.learner import clip_grad_norms
+
+    actor_p, critic_p = torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(3))
+    opt = torch.optim.AdamW([{"params": [actor_p], "name": "actor"}, {"params": [critic_p], "name": "critic"}])
+    actor_p.grad = torch.full((4,), 15.0)                  # norm 30: a chunk log-prob's policy gradient
+    critic_p.grad = torch.tensor([0.3, 0.0, 0.4])          # norm 0.5
+    norm_a, norm_c = clip_grad_norms(opt, 1.0)
+    assert float(norm_a) == pytest.approx(30.0) and float(norm_c) == pytest.approx(0.5)
+    assert float(actor_p.grad.norm()) == pytest.approx(1.0, rel=1e-4)
+    torch.testing.assert_close(critic_p.grad, torch.tensor([0.3, 0.0, 0.4]))  # a joint clip gave it 1/30
+    critic_p.grad = None                                   # a group without gradients reports 0
+    assert float(clip_grad_norms(opt, 1.0)[1]) == 0.0

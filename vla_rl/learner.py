@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from torch import Tensor
 
 from vla_rl import advantages as adv_lib
 from vla_rl import losses
@@ -138,10 +139,10 @@ class Learner:
                     (loss * idx.numel() / mb.numel()).backward()
                     for k, v in m.items():
                         mb_metrics[k] = mb_metrics.get(k, 0.0) + v * idx.numel() / mb.numel()
-                # The total norm is non-finite iff some gradient is: one check (one device sync) for all.
-                grad_norm = torch.nn.utils.clip_grad_norm_(
-                    [p for p in model.parameters() if p.requires_grad], cfg.max_grad_norm)
-                if not (math.isfinite(mb_metrics["losses/total"]) and math.isfinite(float(grad_norm))):
+                # A norm is non-finite iff some gradient in it is: two checks cover every parameter.
+                grad_norm, critic_grad_norm = clip_grad_norms(self.optimizer, cfg.max_grad_norm)
+                if not (math.isfinite(mb_metrics["losses/total"]) and math.isfinite(float(grad_norm))
+                        and math.isfinite(float(critic_grad_norm))):
                     self.skipped_steps += 1  # never apply (nor later save) a non-finite update
                     self.optimizer.zero_grad(set_to_none=True)
                     continue
@@ -153,6 +154,7 @@ class Learner:
                                 p.grad = None
                 self.optimizer.step()
                 mb_metrics["losses/grad_norm"] = float(grad_norm)
+                mb_metrics["losses/critic_grad_norm"] = float(critic_grad_norm)
                 for k, v in mb_metrics.items():
                     sums[k] = sums.get(k, 0.0) + v
                 count += 1
@@ -191,6 +193,22 @@ class Learner:
                 metrics["losses/entropy"] = float(ent)
         metrics["losses/total"] = float(loss.detach())
         return loss, metrics
+
+
+def clip_grad_norms(optimizer: torch.optim.Optimizer, max_norm: float) -> tuple[Tensor, Tensor]:
+    """Clip the actor's and the critic's gradients each to ``max_norm``; returns their norms before.
+
+    Why separately: the chunk log-prob sums many Gaussian terms, so the policy gradient's norm runs at
+    10-30 while the value head's is ~1. One joint clip scaled the critic's gradient down by that factor
+    as soon as the actor started training, and Adam's second moment (memory ~1000 steps) still held the
+    unscaled warm-up gradients, so the value head all but stopped learning (measured on PickCube with
+    dense_cost: value loss 0.6 -> 3.3 over 15 iterations, explained variance ~0.05)."""
+    norms = {}
+    for group in optimizer.param_groups:
+        params = [p for p in group["params"] if p.grad is not None]
+        norms[group.get("name")] = (torch.nn.utils.clip_grad_norm_(params, max_norm) if params
+                                    else torch.zeros(()))
+    return norms.get("actor", torch.zeros(())), norms.get("critic", torch.zeros(()))
 
 
 def actor_lr_scale(iteration: int, cfg: PPOConfig) -> float:
