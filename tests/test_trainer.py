@@ -217,3 +217,37 @@ def test_actor_and_critic_gradients_are_clipped_separately():
     torch.testing.assert_close(critic_p.grad, torch.tensor([0.3, 0.0, 0.4]))  # a joint clip gave it 1/30
     critic_p.grad = None                                   # a group without gradients reports 0
     assert float(clip_grad_norms(opt, 1.0)[1]) == 0.0
+
+
+def test_evaluation_rounds_cover_distinct_initial_states():
+    """Worker envs give env i the seed ``seed + i``; every evaluated episode must start from its own seed."""
+    from types import SimpleNamespace
+
+    from vla_rl.envs.base import ChunkStep
+    from vla_rl.evaluate import evaluate
+
+    class SeedPerEnv:  # the worker-env seeding convention; every episode ends (successfully) in one chunk
+        num_envs = 4
+
+        def __init__(self):
+            self.started: list[int] = []
+
+        def reset(self, seed):
+            self.seeds = [seed + i for i in range(self.num_envs)]
+            self.started += self.seeds
+            return {}
+
+        def step(self, chunk):
+            n = self.num_envs
+            ones, yes = torch.ones(n), torch.ones(n, dtype=torch.bool)
+            episodes = {"env_index": torch.arange(n), "success_once": torch.tensor([s % 2 == 0 for s in self.seeds]),
+                        "success_at_end": yes, "return": ones, "length": ones}
+            return ChunkStep(obs={}, rewards=ones[:, None], terminated=yes, truncated=~yes, success=yes,
+                             steps=ones.long(), final_obs={}, episodes=episodes)
+
+    actor = SimpleNamespace(model=SimpleNamespace(device=torch.device("cpu")),
+                            act=lambda obs, sampler, generator: SimpleNamespace(actions=torch.zeros(4, 2, 1)))
+    env = SeedPerEnv()
+    m = evaluate(actor, env, num_episodes=10, seed=100)
+    assert env.started == list(range(100, 112))  # 3 rounds of 4; the last round counts its first 2
+    assert m["eval/success_once"] == 0.5          # seeds 100..109: the even ones succeed

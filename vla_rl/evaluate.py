@@ -21,14 +21,18 @@ def evaluate(actor: Actor, env, *, num_episodes: int, sampler: SamplerConfig | N
     episodes from being over-represented. Rounds of ``env.num_envs`` episodes use seeds ``seed``,
     ``seed + 1``, ... so a result is reproducible. ``execute`` actions of each chunk are run (default:
     the whole chunk).
+
+    Round ``r`` resets with seed ``seed + r * num_envs``: worker envs (ManiSkill, LIBERO) give env ``i`` the
+    seed ``seed + i``, so consecutive seeds per round (``seed + r``) made the rounds overlap; 100 episodes
+    on 16 ManiSkill workers then covered only 22 distinct initial states (seeds ``seed`` .. ``seed + 21``).
     """
     sampler = sampler or SamplerConfig()
     n = env.num_envs
     gen = torch.Generator(device=actor.model.device)
     results: dict[str, list[float]] = {"success_once": [], "success_at_end": [], "return": [], "length": []}
     for r in range(math.ceil(num_episodes / n)):
-        obs = env.reset(seed=seed + r)
-        gen.manual_seed(seed + r)
+        obs = env.reset(seed=seed + r * n)
+        gen.manual_seed(seed + r * n)
         pending = torch.arange(n) < min(n, num_episodes - r * n)
         while pending.any():
             chunk = actor.act(obs, sampler, generator=gen).actions
