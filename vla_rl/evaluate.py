@@ -18,13 +18,13 @@ def evaluate(actor: Actor, env, *, num_episodes: int, sampler: SamplerConfig | N
     """Success rate and returns over ``num_episodes`` episodes.
 
     Counting only each env's first episode (rather than whatever ends first) keeps short, successful
-    episodes from being over-represented. Rounds of ``env.num_envs`` episodes use seeds ``seed``,
-    ``seed + 1``, ... so a result is reproducible. ``execute`` actions of each chunk are run (default:
-    the whole chunk).
+    episodes from being over-represented. Round ``r`` of ``env.num_envs`` episodes resets with seed
+    ``seed + r * num_envs`` (fixed seeds: a result is reproducible). ``execute`` actions of each chunk are
+    run (default: the whole chunk).
 
-    Round ``r`` resets with seed ``seed + r * num_envs``: worker envs (ManiSkill, LIBERO) give env ``i`` the
-    seed ``seed + i``, so consecutive seeds per round (``seed + r``) made the rounds overlap; 100 episodes
-    on 16 ManiSkill workers then covered only 22 distinct initial states (seeds ``seed`` .. ``seed + 21``).
+    Why that stride: worker envs (ManiSkill, LIBERO) give env ``i`` the seed ``seed + i``, so the earlier
+    ``seed + r`` made the rounds overlap; 100 episodes on 16 ManiSkill workers then covered only 22
+    distinct initial states (seeds ``seed`` .. ``seed + 21``).
     """
     sampler = sampler or SamplerConfig()
     n = env.num_envs
