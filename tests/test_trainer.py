@@ -251,3 +251,24 @@ def test_evaluation_rounds_cover_distinct_initial_states():
     m = evaluate(actor, env, num_episodes=10, seed=100)
     assert env.started == list(range(100, 112))  # 3 rounds of 4; the last round counts its first 2
     assert m["eval/success_once"] == 0.5          # seeds 100..109: the even ones succeed
+
+
+def test_evaluation_shares_the_training_env_and_gets_the_same_numbers(sft_checkpoint, tmp_path):
+    """eval_episodes >= num_envs: evaluations run on the training env (no second set of worker processes),
+    and give what a fresh env of the same size gives, even right after a rollout left it mid-episode."""
+    from dataclasses import replace
+
+    from vla_rl.evaluate import evaluate
+    from vla_rl.trainer import make_env
+
+    cfg = config(sft_checkpoint, tmp_path / "shared", iterations=1, eval_episodes=12)
+    trainer = Trainer(cfg, log=lambda *_: None)
+    assert trainer.eval_env is trainer.env
+    trainer.run()  # a rollout and an update: the env is left wherever the rollout ended
+    fresh = make_env(cfg.env, num_envs=cfg.env.num_envs, device=torch.device("cpu"), seed=123)
+    expected = evaluate(trainer.actor, fresh, num_episodes=12, sampler=replace(cfg.sampler, method="ode"),
+                        execute=cfg.execute, seed=cfg.eval_seed)
+    assert trainer.evaluate() == expected
+    # A batch larger than the evaluation gets its own env of eval_episodes envs.
+    small = Trainer(config(sft_checkpoint, tmp_path / "separate", eval_episodes=4), log=lambda *_: None)
+    assert small.eval_env is not small.env and small.eval_env.num_envs == 4

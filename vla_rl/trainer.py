@@ -105,6 +105,20 @@ def make_env(cfg: EnvConfig, *, num_envs: int, device: torch.device, seed: int):
 ROLLOUT_SEED_BASE = 1_000_000
 
 
+def eval_env_for(cfg: TrainConfig, train_env, device: torch.device):
+    """The env evaluations run on: the training env itself when ``eval_episodes >= num_envs``, else a
+    separate env of ``eval_episodes`` envs.
+
+    Why share: a second env of the same size would be identical, and with worker envs it doubles the
+    processes (ManiSkill on CPU: 16 more workers, ~0.55 GB each). Sharing changes no result: evaluate()
+    resets with explicit seeds, and every training iteration resets the env with its own seed before
+    collecting. Only a batch larger than the evaluation (e.g. 320 GPU envs for 100 episodes) gets its own,
+    smaller env, so evaluations are not padded with unused envs."""
+    if cfg.eval_episodes >= train_env.num_envs:
+        return train_env
+    return make_env(cfg.env, num_envs=cfg.eval_episodes, device=device, seed=cfg.seed + 1)
+
+
 def rollout_seed(seed: int, iteration: int, num_envs: int) -> int:
     """The reset seed of an iteration's rollout. Worker envs (ManiSkill, LIBERO) give env ``i`` the seed
     ``rollout_seed + i``, so iterations take disjoint blocks of ``num_envs`` seeds, all at or above
@@ -131,8 +145,7 @@ class Trainer:
         self.device = torch.device(cfg.device)
         self.run_dir = Path(run_dir or cfg.out)
         self.env = make_env(cfg.env, num_envs=cfg.env.num_envs, device=self.device, seed=cfg.seed)
-        self.eval_env = make_env(cfg.env, num_envs=min(cfg.eval_episodes, cfg.env.num_envs), device=self.device,
-                                 seed=cfg.seed + 1)
+        self.eval_env = eval_env_for(cfg, self.env, self.device)
         spec = self.env.spec
         if cfg.init:
             model, norm, _ = load_policy(cfg.init, device=self.device)
