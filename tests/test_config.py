@@ -92,3 +92,25 @@ def test_every_shipped_preset_loads_and_its_model_builds():
     for name in sorted(p.stem for p in (root / "model").glob("*.yaml")):
         with torch.device("meta"):
             FlowPolicy(policy_preset(name))
+
+
+def test_a_built_wheel_carries_the_presets(tmp_path):
+    """`pip install vla-rl` (not editable, run outside a checkout) must still find configs/*/*.yaml: the
+    wheel maps them to vla_rl/configs, where vla_rl.config looks first."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("setuptools")
+    root = Path(__file__).resolve().parent.parent
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(root), "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path / "wheel")], check=True, capture_output=True)
+    (wheel,) = (tmp_path / "wheel").glob("vla_rl-*.whl")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(tmp_path / "site"),
+                    str(wheel)], check=True, capture_output=True)
+    probe = ("from vla_rl.config import preset_path; from vla_rl.policies.config import policy_preset; "
+             "print(preset_path('experiment', 'builtin_flow_sde')); print(policy_preset('tiny').depth)")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={"PYTHONPATH": str(tmp_path / "site")},
+                         check=True, capture_output=True, text=True).stdout.split()
+    assert Path(out[0]) == tmp_path / "site" / "vla_rl" / "configs" / "experiment" / "builtin_flow_sde.yaml"
+    assert out[1] == "3"

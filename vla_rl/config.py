@@ -17,7 +17,16 @@ from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 import yaml
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+def _config_dir() -> Path:
+    """The presets: ``vla_rl/configs`` in an installed wheel (pyproject maps ``configs/`` there), else the
+    source tree's ``configs/`` (a checkout, or an editable install)."""
+    here = Path(__file__).resolve().parent
+    installed = here / "configs"
+    return installed if installed.is_dir() else here.parent / "configs"
+
+
+CONFIG_DIR = _config_dir()
 T = TypeVar("T")
 
 
