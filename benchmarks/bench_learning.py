@@ -62,8 +62,9 @@ class TaskSetup:
 
 
 TASKS = {
+    # 200 iterations: Flow-Noise's seed 0 first reached 90 % at iteration 160 (80 stopped at 0.75-0.80).
     "builtin": TaskSetup({"sde": "builtin_flow_sde", "noise": "builtin_flow_noise"}, demos=10, sft_steps=500,
-                         iterations=80),
+                         iterations=200),
     "PushCube-v1": TaskSetup({"sde": "maniskill_pushcube_flow_sde", "noise": "maniskill_pushcube_flow_noise"},
                              demos=20, sft_steps=2000, iterations=100, demo_pool=100, eval_every=10,
                              eval_episodes=100),
