@@ -7,9 +7,11 @@ iteration 0 is the SFT policy's).
 
     python benchmarks/bench_learning.py [--tasks builtin,PushCube-v1,PickCube-v1] [--seeds 0,1,2] [--methods sde,noise]
                                         [--iterations N] [--demos N] [--sft-steps N] [--eval-every 10]
-                                        [--eval-episodes 200] [--out runs/bench_learning]
+                                        [--eval-episodes 200] [--out runs/bench_learning] [--sft-only | --report]
 
-``--iterations``, ``--demos``, ``--sft-steps`` default to each task's entry in :data:`TASKS`; ``--report``
+``--iterations``, ``--demos``, ``--sft-steps`` default to each task's entry in :data:`TASKS`; ``--sft-only``
+makes the demos and SFT policies and stops (so that methods started as separate processes do not both
+train the same seed's SFT policy); ``--report``
 runs nothing and tabulates the runs as they are (unfinished ones marked "(of N)"). Writes into
 ``--out``: per task a folder with the demos, one SFT policy per seed and one run folder per (seed, method)
 (the trainer's normal output: metrics.jsonl, checkpoints), ``table.md`` (all tasks; printed too) and
@@ -211,6 +213,8 @@ def main() -> None:
     p.add_argument("--eval-every", type=int, help="default: the task's")
     p.add_argument("--eval-episodes", type=int, help="default: the task's")
     p.add_argument("--out", default="runs/bench_learning")
+    p.add_argument("--sft-only", action="store_true",
+                   help="make the demos and SFT policies, run no RL (then start the methods as separate processes)")
     p.add_argument("--report", action="store_true",
                    help="run nothing: tabulate and plot the runs' metrics as they are now (unfinished runs too)")
     args = p.parse_args()
@@ -236,6 +240,8 @@ def main() -> None:
                 sft = sft_policy(task_out, task, seed, demos, sft_steps)
                 print(f"{task} seed {seed}: SFT policy ({demos} demos, {sft_steps} steps) at {sft} "
                       f"({time.time() - t0:.0f} s)", flush=True)
+                if args.sft_only:
+                    continue
             for method in methods:
                 run = task_out / f"seed{seed}" / method
                 history = (read_metrics(run) if args.report else
