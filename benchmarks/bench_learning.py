@@ -249,12 +249,15 @@ def main() -> None:
                 if curve(history):
                     curves[task][method].append(curve(history))
                     reached[task][method].append(int(history[-1]["iteration"]))
+        if args.sft_only:  # no run was read: keep the saved table.md and curves as they are
+            continue
         title = "Built-in ColorReach" if task == "builtin" else f"ManiSkill3 {task}"
         if plot(curves[task], out / f"{task}_curves.png", title):
             print(f"learning curves: {out / f'{task}_curves.png'}")
         text = table(curves, reached, planned)   # rewritten after every task: results are kept as they come
         (out / "table.md").write_text(text + "\n")
-    print("\n" + text)
+    if not args.sft_only:
+        print("\n" + text)
 
 
 if __name__ == "__main__":
