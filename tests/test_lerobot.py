@@ -107,7 +107,7 @@ def test_errors_name_the_problem(dataset, tmp_path):
         read_lerobot_dataset(dataset)
     feats = dict(info["features"], **{"observation.images.top": {"dtype": "video", "shape": [32, 32, 3]}})
     _edit_info(dataset, codebase_version="v3.0", features=feats)
-    with pytest.raises(LeRobotDatasetError, match="video-backed"):
+    with pytest.raises(LeRobotDatasetError, match="'observation.images.top' is a video but 'video_path' is None"):
         read_lerobot_dataset(dataset)
     feats = dict(info["features"], action={"dtype": "float32", "shape": [3], "names": None})
     _edit_info(dataset, features=feats)
@@ -161,3 +161,107 @@ def test_cli_collect_then_sft(tmp_path, capsys):
     assert main(["sft", str(ds), "stepz=3"]) == 2           # unknown keys are errors
     assert main(["collect", "mujoco", str(tmp_path / "x")]) == 2           # unknown kind
     assert main(["collect", "maniskill", str(tmp_path / "x"), "task=NoSuchTask-v1"]) == 2  # no planner for it
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Video-backed camera features (MP4, LeRobot's default for recorded datasets)
+# ---------------------------------------------------------------------------------------------------------
+LEVELS_STEP = 12  # frame k of camera 0 is a flat grey of 10 + 12 k: a frame off by one is 12 levels off
+
+
+def level_demos(lengths=(5, 7, 4), size=16):
+    from vla_rl.data import DemoDataset
+
+    m = sum(lengths)
+    k = torch.arange(m)
+    cam0 = (10 + LEVELS_STEP * k).to(torch.uint8)
+    cam1 = (240 - LEVELS_STEP * k).to(torch.uint8)
+    images = torch.stack([cam0, cam1], 1)[:, :, None, None, None].expand(m, 2, size, size, 3).contiguous()
+    episode_index = torch.cat([torch.full((n,), e) for e, n in enumerate(lengths)])
+    frame_index = torch.cat([torch.arange(n) for n in lengths])
+    return DemoDataset(images=images, state=torch.randn(m, 3), action=torch.randn(m, 2),
+                       episode_index=episode_index, frame_index=frame_index,
+                       task_index=torch.zeros(m, dtype=torch.long), tasks=["push the cube"])
+
+
+@pytest.fixture()
+def video_dataset(tmp_path):
+    data = level_demos()
+    return write_lerobot_dataset(tmp_path / "vds", data, fps=10, camera_names=["top", "wrist"], video=True), data
+
+
+def test_video_round_trip_layout_and_frame_alignment(video_dataset):
+    import av
+
+    path, data = video_dataset
+    info = json.loads((path / "meta" / "info.json").read_text())
+    assert info["video_path"] == "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+    feat = info["features"]["observation.images.wrist"]
+    assert feat["dtype"] == "video" and feat["shape"] == [16, 16, 3]
+    assert feat["info"]["video.codec"] == "av1" and feat["info"]["video.pix_fmt"] == "yuv420p"
+    columns = pq.read_schema(path / "data/chunk-000/file-000.parquet").names
+    assert not any(k.startswith("observation.images") for k in columns)  # the frames live in the MP4s only
+    eps = pq.read_table(path / "meta/episodes/chunk-000/file-000.parquet").to_pydict()
+    # episodes back to back in one file per camera: from = (frames before) / fps
+    assert eps["videos/observation.images.top/from_timestamp"] == pytest.approx([0.0, 0.5, 1.2])
+    assert eps["videos/observation.images.top/to_timestamp"] == pytest.approx([0.5, 1.2, 1.6])
+    assert eps["videos/observation.images.wrist/file_index"] == [0, 0, 0]
+    mp4 = path / "videos/observation.images.top/chunk-000/file-000.mp4"
+    with av.open(str(mp4)) as c:
+        assert c.streams.video[0].frames in (0, 16) and c.streams.video[0].codec_context.name in ("av1", "libdav1d")
+
+    back = read_lerobot_dataset(path)
+    for name in ("state", "action", "episode_index", "frame_index", "task_index"):
+        assert torch.equal(getattr(back, name), getattr(data, name)), name
+    # lossy, but every frame is its own: within 3 grey levels of what was written (neighbours are 12 away)
+    err = (back.images.float() - data.images.float()).abs().amax(dim=(2, 3, 4))
+    assert err.max() <= 3, err
+
+
+def test_video_max_episodes_reads_only_those_episodes(video_dataset):
+    path, data = video_dataset
+    back = read_lerobot_dataset(path, max_episodes=2)
+    assert back.episode_index.unique().tolist() == [0, 1] and len(back) == 12
+    assert (back.images.float() - data.images[:12].float()).abs().max() <= 3
+
+
+def test_video_errors_name_the_problem(video_dataset):
+    path, _ = video_dataset
+    data_file = path / "data/chunk-000/file-000.parquet"
+    table = pq.read_table(data_file)
+    # a row whose timestamp points past its episode's frames (here: past the end of the file)
+    ts = table.column("timestamp").to_numpy().copy()
+    ts[-1] += 1.0
+    pq.write_table(table.set_column(table.schema.get_field_index("timestamp"), "timestamp",
+                                    pa.array(ts, pa.float32())), data_file)
+    with pytest.raises(LeRobotDatasetError, match="no frame within 0.0400 s of t = 2.5000 s"):
+        read_lerobot_dataset(path)
+    pq.write_table(table, data_file)
+    mp4 = path / "videos/observation.images.wrist/chunk-000/file-000.mp4"
+    mp4.write_bytes(b"not an mp4 at all")
+    with pytest.raises(LeRobotDatasetError, match="'observation.images.wrist': unreadable video file .*file-000.mp4"):
+        read_lerobot_dataset(path)
+    mp4.unlink()
+    with pytest.raises(LeRobotDatasetError, match="video file missing: .*wrist/chunk-000/file-000.mp4"):
+        read_lerobot_dataset(path)
+    ep_file = path / "meta/episodes/chunk-000/file-000.parquet"
+    pq.write_table(pq.read_table(ep_file).drop_columns(["videos/observation.images.top/from_timestamp"]), ep_file)
+    with pytest.raises(LeRobotDatasetError, match="has no column 'videos/observation.images.top/from_timestamp'"):
+        read_lerobot_dataset(path)
+
+
+def test_video_needs_even_sizes(tmp_path):
+    with pytest.raises(ValueError, match="even image sizes"):
+        write_lerobot_dataset(tmp_path / "odd", level_demos(size=15), fps=10, camera_names=["a", "b"], video=True)
+    assert not (tmp_path / "odd").exists()
+
+
+def test_cli_collect_video_then_sft(tmp_path, capsys):
+    from vla_rl.cli import main
+
+    ds = tmp_path / "demos"
+    assert main(["collect", "builtin", str(ds), "episodes=2", "num_envs=2", "video=true"]) == 0
+    assert json.loads((ds / "meta" / "info.json").read_text())["features"]["observation.images.top"]["dtype"] == "video"
+    assert main(["sft", str(ds), "--no-progress", "steps=2", "batch_size=8", "eval_episodes=0",
+                 f"out={tmp_path / 'policy'}", "policy.depth=1"]) == 0
+    assert (tmp_path / "policy" / "model.safetensors").is_file()

@@ -164,6 +164,41 @@ def test_actor_learning_rate_schedule_by_hand():
     cfg = PPOConfig(critic_warmup_iters=2, actor_lr_warmup_iters=4)
     assert [actor_lr_scale(i, cfg) for i in range(8)] == [0.0, 0.0, 0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
     assert [actor_lr_scale(i, PPOConfig()) for i in range(3)] == [1.0, 1.0, 1.0]
+    # constant (the default) ignores the run length
+    assert [actor_lr_scale(i, cfg, 8) for i in range(8)] == [0.0, 0.0, 0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+
+
+def test_actor_learning_rate_decay_by_hand():
+    import math
+
+    from vla_rl.learner import PPOConfig, actor_lr_scale
+
+    # critic warm-up 1, ramp over 2 (0.5 at iteration 1, 1.0 at 2), then linear to 0.2 at the last iteration (6)
+    lin = PPOConfig(critic_warmup_iters=1, actor_lr_warmup_iters=2, actor_lr_decay="linear", actor_lr_final=0.2)
+    got = [actor_lr_scale(i, lin, 7) for i in range(9)]
+    want = [0.0, 0.5, 1.0, 0.8, 0.6, 0.4, 0.2, 0.2, 0.2]  # past the end (a resumed, extended run): stays at 0.2
+    assert all(math.isclose(g, w) for g, w in zip(got, want, strict=True)), got
+    # cosine from iteration 0 over 5 iterations: 1, (1 + cos(pi/4)) / 2, 1/2, (1 - cos(pi/4)) / 2, 0
+    cos = PPOConfig(actor_lr_decay="cosine", actor_lr_final=0.0)
+    got = [actor_lr_scale(i, cos, 5) for i in range(5)]
+    want = [1.0, (1 + math.sqrt(0.5)) / 2, 0.5, (1 - math.sqrt(0.5)) / 2, 0.0]
+    assert all(math.isclose(g, w, abs_tol=1e-12) for g, w in zip(got, want, strict=True)), got
+    assert actor_lr_scale(3, cos, None) == 1.0  # no run length known: no decay
+    for bad in ({"actor_lr_decay": "exp"}, {"actor_lr_final": 1.5}, {"actor_lr_final": -0.1}):
+        with pytest.raises(ConfigError, match="actor_lr_"):
+            PPOConfig(**bad)
+
+
+def test_trainer_decays_the_actor_learning_rate_over_the_run(sft_checkpoint, tmp_path):
+    cfg = config(sft_checkpoint, tmp_path / "decay", iterations=3, eval_every=3, save_every=3,
+                 ppo={"update_epochs": 1, "minibatches": 1, "lr_actor": 1e-4, "actor_lr_decay": "linear",
+                      "actor_lr_final": 0.5})
+    trainer = Trainer(cfg, log=lambda *_: None)
+    trainer.run()
+    lrs = [h["train/lr_actor"] for h in trainer.history if "train/lr_actor" in h]
+    assert lrs == pytest.approx([1e-4, 0.75e-4, 0.5e-4])
+    actor_group = next(g for g in trainer.learner.optimizer.param_groups if g["name"] == "actor")
+    assert actor_group["lr"] == pytest.approx(0.5e-4)  # what the optimizer really used last
 
 
 def test_rollout_seeds_are_disjoint_across_iterations_and_away_from_demo_and_eval_seeds():

@@ -26,6 +26,8 @@ class CollectConfig:
     num_envs: int = 16
     fps: int | None = None  # LeRobot timestamps; None: 10 builtin (no real clock), 20 ManiSkill (control rate)
     env: ColorReachConfig = field(default_factory=ColorReachConfig)
+    # camera images as MP4 files (AV1, lossy, LeRobot's default for recorded data) instead of PNG in the parquet
+    video: bool = False
     # ManiSkill only (vla_rl.maniskill_demos): the task, the control mode demos are converted to, and the
     # episode limit recorded for evaluation / RL (None: the task's, raised to 1.5 x the longest demo).
     task: str = "PushCube-v1"
@@ -92,9 +94,10 @@ def collect_dataset(kind: str, out: str | Path, cfg: CollectConfig) -> Path:
         return collect_maniskill(out, task=cfg.task, episodes=cfg.episodes, seed=cfg.seed,
                                  control_mode=cfg.control_mode, obs_mode=cfg.obs_mode, image_size=cfg.image_size,
                                  max_episode_steps=cfg.max_episode_steps,
-                                 fps=cfg.fps or 20, extra_info={"collect": to_dict(cfg)})
+                                 fps=cfg.fps or 20, video=cfg.video, extra_info={"collect": to_dict(cfg)})
     data = collect_builtin_demos(cfg.episodes, seed=cfg.seed, noise=cfg.noise, num_envs=cfg.num_envs,
                                  config=cfg.env)
     return write_lerobot_dataset(out, data, fps=cfg.fps or 10, camera_names=["top"], robot_type="color_reach_point",
+                                 video=cfg.video,
                                  extra_info={"vla_rl": {"env": "builtin", "env_config": to_dict(cfg.env),
                                                         "collect": to_dict(cfg)}})

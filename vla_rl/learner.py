@@ -59,18 +59,28 @@ class PPOConfig:
     # critic warm-up): the first full-size Adam steps from an SFT policy move the chunk log-likelihood
     # far (approx-KL ~2 on the built-in task at lr 1e-4) before the ratio clip can hold them.
     actor_lr_warmup_iters: int = 0
+    # After the warm-up the actor's learning rate may decay to `actor_lr_final` x lr_actor at the run's last
+    # iteration: constant steps kept moving a policy that had already reached its best (built-in Flow-SDE
+    # slipped from 0.91 to 0.80-0.86 over its last 100 of 200 iterations, RESULTS.md).
+    actor_lr_decay: Literal["constant", "linear", "cosine"] = "constant"
+    actor_lr_final: float = 0.1
     freeze_prefix: bool = False
     log_prob: LogProbConfig = LogProbConfig()
 
     def __post_init__(self):
         if not (math.isfinite(self.reward_scale) and self.reward_scale > 0):
             raise ConfigError(f"ppo.reward_scale must be a positive finite number, got {self.reward_scale}")
+        if self.actor_lr_decay not in ("constant", "linear", "cosine"):
+            raise ConfigError(f"ppo.actor_lr_decay must be constant, linear or cosine, got {self.actor_lr_decay!r}")
+        if not (0.0 <= self.actor_lr_final <= 1.0):
+            raise ConfigError(f"ppo.actor_lr_final is a fraction of lr_actor in [0, 1], got {self.actor_lr_final}")
 
 
 class Learner:
     def __init__(self, actor: Actor, cfg: PPOConfig, *, method: str, noise_level: float, execute: int,
-                 bf16: bool = False):
+                 bf16: bool = False, total_iterations: int | None = None):
         self.actor, self.cfg, self.method = actor, cfg, method
+        self.total_iterations = total_iterations  # the decay's end; None: no decay (constant after warm-up)
         self.noise_level, self.execute = noise_level, execute
         model = actor.model
         if cfg.freeze_prefix:
@@ -117,7 +127,7 @@ class Learner:
         critic_only = iteration < cfg.critic_warmup_iters
         for group in self.optimizer.param_groups:  # the schedule is a function of the iteration alone
             if group.get("name") == "actor":
-                group["lr"] = cfg.lr_actor * actor_lr_scale(iteration, cfg)
+                group["lr"] = cfg.lr_actor * actor_lr_scale(iteration, cfg, self.total_iterations)
         mb_size = math.ceil(total / cfg.minibatches)
         gen = torch.Generator().manual_seed(iteration)
         sums: dict[str, float] = {}
@@ -168,6 +178,7 @@ class Learner:
         out["train/skipped_steps"] = float(self.skipped_steps)
         out["train/epochs"] = float(epochs_run)
         out["train/samples"] = float(total)
+        out["train/lr_actor"] = cfg.lr_actor * actor_lr_scale(iteration, cfg, self.total_iterations)
         out["train/advantage_mean"] = float(adv.mean())
         return out
 
@@ -212,15 +223,25 @@ def clip_grad_norms(optimizer: torch.optim.Optimizer, max_norm: float) -> tuple[
     return norms.get("actor", torch.zeros(())), norms.get("critic", torch.zeros(()))
 
 
-def actor_lr_scale(iteration: int, cfg: PPOConfig) -> float:
-    """Factor on ``lr_actor`` at ``iteration`` (0-based): 0 during the critic warm-up, then a linear ramp
-    over ``actor_lr_warmup_iters`` iterations (1/n, 2/n, ..., 1), then 1."""
+def actor_lr_scale(iteration: int, cfg: PPOConfig, total_iterations: int | None = None) -> float:
+    """Factor on ``lr_actor`` at ``iteration`` (0-based; a function of the iteration alone, so a resumed run
+    continues the same schedule): 0 during the critic warm-up, then a linear ramp over
+    ``actor_lr_warmup_iters`` iterations (1/n, 2/n, ..., 1), then 1, or, with ``actor_lr_decay`` linear or
+    cosine and ``total_iterations`` given, a decay from 1 after the ramp to ``actor_lr_final`` at the last
+    iteration (``total_iterations - 1``)."""
     k = iteration - cfg.critic_warmup_iters
     if k < 0:
         return 0.0
-    if cfg.actor_lr_warmup_iters <= 0:
+    if cfg.actor_lr_warmup_iters > 0 and k + 1 < cfg.actor_lr_warmup_iters:
+        return (k + 1) / cfg.actor_lr_warmup_iters
+    if cfg.actor_lr_decay == "constant" or total_iterations is None:
         return 1.0
-    return min(1.0, (k + 1) / cfg.actor_lr_warmup_iters)
+    start = cfg.critic_warmup_iters + max(cfg.actor_lr_warmup_iters - 1, 0)  # first iteration at full lr
+    span = total_iterations - 1 - start
+    frac = 1.0 if span <= 0 else min(1.0, max(0.0, (iteration - start) / span))
+    if cfg.actor_lr_decay == "linear":
+        return 1.0 - (1.0 - cfg.actor_lr_final) * frac
+    return cfg.actor_lr_final + (1.0 - cfg.actor_lr_final) * 0.5 * (1.0 + math.cos(math.pi * frac))
 
 
 def grpo_chunk_advantages(ro: Rollout, *, group_size: int,

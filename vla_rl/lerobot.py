@@ -10,10 +10,15 @@ part of the format a :class:`~vla_rl.data.DemoDataset` needs::
       meta/episodes/chunk-000/file-000.parquet   one row per episode: length, tasks, frame range, data file
       data/chunk-000/file-000.parquet            one row per frame
 
-Camera images are ``"dtype": "image"`` features: PNG bytes inside the data parquet (a struct
-``{"bytes", "path"}``, as Hugging Face ``datasets`` stores images). Video-backed features (``"video"``,
-frames in MP4 files) are rejected on reading with a clear error; so are other codebase versions.
-Nothing is ever unpickled: parquet and JSON only.
+      videos/<camera feature>/chunk-000/file-000.mp4   video features only (see :mod:`vla_rl.lerobot_video`)
+
+Camera images are either ``"dtype": "image"`` features, PNG bytes inside the data parquet (a struct
+``{"bytes", "path"}``, as Hugging Face ``datasets`` stores images), or ``"dtype": "video"`` features, the
+frames of many episodes back to back in one MP4 file per camera, located through the episode table's
+``videos/<key>/{chunk_index, file_index, from_timestamp, to_timestamp}`` columns (LeRobot's default for
+recorded datasets, and far smaller). Both are read; ``write_lerobot_dataset(video=True)`` writes the
+second. Other codebase versions are rejected with a clear error. Nothing is ever unpickled: parquet,
+JSON and MP4 only.
 """
 
 from __future__ import annotations
@@ -30,12 +35,15 @@ from PIL import Image
 
 from vla_rl.checkpoint import atomic_folder
 from vla_rl.data import DemoDataset
+from vla_rl.lerobot_video import DEFAULT_CODEC, PIX_FMT, VideoError, VideoWriter, codec_name, read_frames
 
 CODEBASE_VERSION = "v3.0"
 CHUNKS_SIZE = 1000            # files per chunk folder (LeRobot's default)
 DATA_FILES_SIZE_MB = 100      # a data file is closed at the first episode boundary past this size
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+VIDEO_FILES_SIZE_MB = 200     # a video file is closed at the first episode boundary past this size
 IMAGE_PREFIX = "observation.images."
 
 
@@ -107,11 +115,14 @@ def _tasks_table(tasks: list[str]) -> pa.Table:
 
 
 def write_lerobot_dataset(path: str | Path, data: DemoDataset, *, fps: int, camera_names: list[str] | tuple[str, ...],
-                          robot_type: str | None = None, extra_info: dict | None = None) -> Path:
+                          robot_type: str | None = None, extra_info: dict | None = None, video: bool = False,
+                          video_codec: str = DEFAULT_CODEC) -> Path:
     """Write ``data`` as a LeRobot v3.0 dataset folder at ``path`` (replacing one that is there).
 
-    ``camera_names`` names the C cameras (features ``observation.images.<name>``); ``extra_info`` is
-    merged into info.json (``vla_rl`` records the env a dataset came from there). The folder is built
+    ``camera_names`` names the C cameras (features ``observation.images.<name>``); with ``video`` they
+    are stored as MP4 files (``video_codec``, LeRobot's AV1 by default; lossy) instead of PNG bytes in the
+    parquet. ``extra_info`` is merged into info.json (``vla_rl`` records the env a dataset came from
+    there). The folder is built
     in a temporary sibling and renamed into place, so a crash never leaves a half-written dataset and
     never destroys the previous one.
     """
@@ -134,8 +145,15 @@ def write_lerobot_dataset(path: str | Path, data: DemoDataset, *, fps: int, came
     ranges = _episode_ranges(episode_index)
     image_keys = [IMAGE_PREFIX + c for c in camera_names]
 
+    if video and num_cams and (h % 2 or w % 2):
+        raise ValueError(f"video=True needs even image sizes (yuv420p), got {h}x{w}")
+    video = video and num_cams > 0
+    video_info = {"video.height": h, "video.width": w, "video.codec": codec_name(video_codec),
+                  "video.pix_fmt": PIX_FMT, "video.is_depth_map": False, "video.fps": fps, "video.channels": 3,
+                  "has_audio": False}
     features: dict[str, dict] = {
-        key: {"dtype": "image", "shape": [h, w, 3], "names": ["height", "width", "channel"]} for key in image_keys}
+        key: {"dtype": "video" if video else "image", "shape": [h, w, 3], "names": ["height", "width", "channel"],
+              **({"info": video_info} if video else {})} for key in image_keys}
     features.update({
         "observation.state": _vector_feature(state.shape[1]), "action": _vector_feature(action.shape[1]),
         "timestamp": _vector_feature(1), "frame_index": _vector_feature(1, "int64"),
@@ -146,7 +164,8 @@ def write_lerobot_dataset(path: str | Path, data: DemoDataset, *, fps: int, came
 
     def frames_table(lo: int, hi: int, pngs: dict[str, list[bytes]]) -> pa.Table:
         image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
-        cols = {key: pa.array([{"bytes": b, "path": None} for b in pngs[key]], image_type) for key in image_keys}
+        cols = {} if video else {key: pa.array([{"bytes": b, "path": None} for b in pngs[key]], image_type)
+                                 for key in image_keys}
         cols.update({
             "observation.state": pa.array(list(state[lo:hi]), pa.list_(pa.float32())),
             "action": pa.array(list(action[lo:hi]), pa.list_(pa.float32())),
@@ -171,22 +190,50 @@ def write_lerobot_dataset(path: str | Path, data: DemoDataset, *, fps: int, came
             file_no, file_start, file_bytes = file_no + 1, end, 0
             pngs = {k: [] for k in image_keys}
 
-        for ep, lo, hi in ranges:
-            chunk, fidx = divmod(file_no, CHUNKS_SIZE)
-            for c, key in enumerate(image_keys):
-                encoded = [_png(images[i, c]) for i in range(lo, hi)]
-                pngs[key].extend(encoded)
-                file_bytes += sum(len(b) for b in encoded)
-            file_bytes += (hi - lo) * 4 * (state.shape[1] + action.shape[1] + 10)
-            tasks = sorted({data.tasks[t] for t in task_index[lo:hi].tolist()})
-            episode_rows.append({"episode_index": ep, "tasks": tasks, "length": hi - lo,
-                                 "data/chunk_index": chunk, "data/file_index": fidx,
-                                 "dataset_from_index": lo, "dataset_to_index": hi,
-                                 "meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0})
-            if file_bytes >= DATA_FILES_SIZE_MB * 1024 * 1024:
-                flush(hi)
-        if file_start < m:
-            flush(m)
+        # Video files: one per camera, whole episodes, a new one once the current passes VIDEO_FILES_SIZE_MB.
+        writers: dict[str, VideoWriter] = {}
+        video_files = {key: -1 for key in image_keys}
+
+        def video_writer(key: str) -> tuple[VideoWriter, int]:
+            w_ = writers.get(key)
+            if w_ is None or w_.size_bytes() >= VIDEO_FILES_SIZE_MB * 1024 * 1024:
+                if w_ is not None:
+                    w_.close()
+                video_files[key] += 1
+                chunk_, fidx_ = divmod(video_files[key], CHUNKS_SIZE)
+                w_ = writers[key] = VideoWriter(
+                    tmp / VIDEO_PATH.format(video_key=key, chunk_index=chunk_, file_index=fidx_),
+                    fps=fps, height=h, width=w, codec=video_codec)
+            return w_, video_files[key]
+
+        try:
+            for ep, lo, hi in ranges:
+                chunk, fidx = divmod(file_no, CHUNKS_SIZE)
+                row = {"episode_index": ep}
+                for c, key in enumerate(image_keys):
+                    if video:
+                        writer, vfile = video_writer(key)
+                        start, end = writer.add(images[lo:hi, c])
+                        vchunk, vfidx = divmod(vfile, CHUNKS_SIZE)
+                        row.update({f"videos/{key}/chunk_index": vchunk, f"videos/{key}/file_index": vfidx,
+                                    f"videos/{key}/from_timestamp": start, f"videos/{key}/to_timestamp": end})
+                        continue
+                    encoded = [_png(images[i, c]) for i in range(lo, hi)]
+                    pngs[key].extend(encoded)
+                    file_bytes += sum(len(b) for b in encoded)
+                file_bytes += (hi - lo) * 4 * (state.shape[1] + action.shape[1] + 10)
+                tasks = sorted({data.tasks[t] for t in task_index[lo:hi].tolist()})
+                row.update({"tasks": tasks, "length": hi - lo, "data/chunk_index": chunk, "data/file_index": fidx,
+                            "dataset_from_index": lo, "dataset_to_index": hi,
+                            "meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0})
+                episode_rows.append(row)
+                if file_bytes >= DATA_FILES_SIZE_MB * 1024 * 1024:
+                    flush(hi)
+            if file_start < m:
+                flush(m)
+        finally:
+            for writer in writers.values():
+                writer.close()
 
         episodes = pa.table({
             "episode_index": pa.array([r["episode_index"] for r in episode_rows], pa.int64()),
@@ -194,7 +241,9 @@ def write_lerobot_dataset(path: str | Path, data: DemoDataset, *, fps: int, came
             "length": pa.array([r["length"] for r in episode_rows], pa.int64()),
             **{k: pa.array([r[k] for r in episode_rows], pa.int64()) for k in (
                 "data/chunk_index", "data/file_index", "dataset_from_index", "dataset_to_index",
-                "meta/episodes/chunk_index", "meta/episodes/file_index")}})
+                "meta/episodes/chunk_index", "meta/episodes/file_index")},
+            **{k: pa.array([r[k] for r in episode_rows], pa.float64() if k.endswith("timestamp") else pa.int64())
+               for k in episode_rows[0] if k.startswith("videos/")}})
         _write_parquet(episodes, tmp / EPISODES_PATH.format(chunk_index=0, file_index=0))
         _write_parquet(_tasks_table(list(data.tasks)), tmp / "meta" / "tasks.parquet")
 
@@ -207,8 +256,9 @@ def write_lerobot_dataset(path: str | Path, data: DemoDataset, *, fps: int, came
             "codebase_version": CODEBASE_VERSION, "robot_type": robot_type,
             "total_episodes": len(ranges), "total_frames": m, "total_tasks": len(data.tasks),
             "chunks_size": CHUNKS_SIZE, "data_files_size_in_mb": DATA_FILES_SIZE_MB,
-            "video_files_size_in_mb": 200, "fps": fps, "splits": {"train": f"0:{len(ranges)}"},
-            "data_path": DATA_PATH, "video_path": None, "features": features, **(extra_info or {})}
+            "video_files_size_in_mb": VIDEO_FILES_SIZE_MB, "fps": fps, "splits": {"train": f"0:{len(ranges)}"},
+            "data_path": DATA_PATH, "video_path": VIDEO_PATH if video else None, "features": features,
+            **(extra_info or {})}
         (tmp / "meta" / "info.json").write_text(json.dumps(info, indent=2))
         (tmp / "meta" / "stats.json").write_text(json.dumps(stats, indent=2))
     return path
@@ -305,6 +355,49 @@ def _decode_images(col: pa.ChunkedArray, key: str, shape: tuple[int, ...], root:
     return out
 
 
+def _video_locations(root: Path, key: str) -> dict[int, tuple[int, int, float]]:
+    """Episode -> ``(chunk_index, file_index, from_timestamp)`` of video feature ``key``, from the episode tables."""
+    out: dict[int, tuple[int, int, float]] = {}
+    for f in sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet")):
+        table = _read_parquet(f)
+        eps = _integers(_column(table, "episode_index", f), "episode_index", f)
+        chunks = _integers(_column(table, f"videos/{key}/chunk_index", f), f"videos/{key}/chunk_index", f)
+        files = _integers(_column(table, f"videos/{key}/file_index", f), f"videos/{key}/file_index", f)
+        starts = _vectors(_column(table, f"videos/{key}/from_timestamp", f), f"videos/{key}/from_timestamp", 1, f)
+        for e, c, i, t in zip(eps.tolist(), chunks.tolist(), files.tolist(), starts[:, 0].astype(np.float64)):
+            out[e] = (c, i, float(t))
+    return out
+
+
+def _decode_video(root: Path, info: dict, key: str, shape: tuple[int, ...], episode_index: np.ndarray,
+                  timestamp: np.ndarray) -> np.ndarray:
+    """The frames of video feature ``key`` for rows ``(episode_index, timestamp)``: uint8 ``[M, H, W, 3]``.
+
+    A row's frame is the one shown at its episode's ``from_timestamp`` plus its own ``timestamp``, within
+    0.4 frame periods (LeRobot checks the same with a fixed 1e-4 s)."""
+    template = info.get("video_path")
+    if not isinstance(template, str):
+        raise LeRobotDatasetError(f"{root}/meta/info.json: feature {key!r} is a video but 'video_path' is {template!r}")
+    locations = _video_locations(root, key)
+    missing = sorted(set(np.unique(episode_index).tolist()) - set(locations))
+    if missing:
+        raise LeRobotDatasetError(f"{root}: the episode tables give no video of {key!r} for episode {missing[0]}")
+    loc = np.array([locations[e] for e in episode_index.tolist()], dtype=np.float64).reshape(-1, 3)
+    out = np.empty((len(episode_index), *shape), dtype=np.uint8)
+    for chunk, file in sorted({(int(c), int(i)) for c, i in loc[:, :2]}):
+        rows = np.flatnonzero((loc[:, 0] == chunk) & (loc[:, 1] == file))
+        try:
+            path = root / template.format(video_key=key, chunk_index=chunk, file_index=file)
+        except (KeyError, IndexError, ValueError) as e:
+            raise LeRobotDatasetError(f"{root}: bad video_path {template!r} in info.json: {e}") from None
+        try:
+            out[rows] = read_frames(path, loc[rows, 2] + timestamp[rows], shape=shape,
+                                    tolerance=0.4 / float(info["fps"]))
+        except VideoError as e:
+            raise LeRobotDatasetError(f"{root}: feature {key!r}: {e}") from None
+    return out
+
+
 def _read_tasks(root: Path) -> list[str]:
     where = root / "meta" / "tasks.parquet"
     table = _read_parquet(where)
@@ -355,11 +448,13 @@ def detect_keys(features: dict, state_key: str | None = None, action_key: str | 
 
 
 def read_lerobot_dataset(path: str | Path, *, image_keys: list[str] | None = None,
-                         state_key: str | None = None, action_key: str | None = None) -> DemoDataset:
+                         state_key: str | None = None, action_key: str | None = None,
+                         max_episodes: int | None = None) -> DemoDataset:
     """Read a LeRobot v3.0 dataset folder into a :class:`DemoDataset`.
 
     ``image_keys`` picks the camera features (default: every ``image`` / ``video`` feature, in
-    info.json's order); all must have the same size. ``state_key`` / ``action_key`` default to
+    info.json's order); all must have the same size. ``max_episodes`` keeps the first episodes (in
+    ``index`` order) and decodes only their video frames. ``state_key`` / ``action_key`` default to
     LeRobot's ``observation.state`` / ``action``, or, when a dataset has those missing, the LIBERO
     layout's ``state`` / ``actions`` (see :func:`detect_keys`). Frames come back sorted by the global
     ``index``.
@@ -378,11 +473,9 @@ def read_lerobot_dataset(path: str | Path, *, image_keys: list[str] | None = Non
                                       f"(features: {sorted(features)})")
     for key in image_keys:
         dtype = features[key].get("dtype")
-        if dtype == "video":
-            raise LeRobotDatasetError(f"{root}: feature {key!r} is video-backed (MP4 files); video datasets are "
-                                      "not supported yet, only 'image' features (PNG/JPEG bytes in the parquet)")
-        if dtype != "image":
-            raise LeRobotDatasetError(f"{root}: feature {key!r} has dtype {dtype!r}, expected 'image'")
+        if dtype not in ("image", "video"):
+            raise LeRobotDatasetError(f"{root}: feature {key!r} has dtype {dtype!r}, expected 'image' or 'video'")
+    is_video = [features[k].get("dtype") == "video" for k in image_keys]
     # No camera features: a state-only dataset (ManiSkill state observations); images come back [M, 0, 1, 1, 3].
     shapes = {tuple(features[k].get("shape", ())) for k in image_keys} or {(1, 1, 3)}
     if len(shapes) != 1 or len(next(iter(shapes))) != 3 or next(iter(shapes))[2] != 3:
@@ -396,22 +489,35 @@ def read_lerobot_dataset(path: str | Path, *, image_keys: list[str] | None = Non
         dims[key] = int(shape[0])
 
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ("images", "state", "action", "episode_index",
-                                                          "frame_index", "task_index", "index")}
+                                                          "frame_index", "task_index", "index", "timestamp")}
     for f in _data_files(root, info):
         table = _read_parquet(f)
-        parts["images"].append(np.stack([_decode_images(_column(table, k, f), k, img_shape, root, f)
-                                         for k in image_keys], axis=1) if image_keys
+        # video frames are filled in below, once the rows (and so the episodes asked for) are known
+        parts["images"].append(np.stack([np.zeros((table.num_rows, *img_shape), np.uint8) if video
+                                         else _decode_images(_column(table, k, f), k, img_shape, root, f)
+                                         for k, video in zip(image_keys, is_video)], axis=1) if image_keys
                                else np.zeros((table.num_rows, 0, *img_shape), np.uint8))
+        if any(is_video):
+            parts["timestamp"].append(_vectors(_column(table, "timestamp", f), "timestamp", 1, f)[:, 0])
         parts["state"].append(_vectors(_column(table, state_key, f), state_key, dims[state_key], f))
         parts["action"].append(_vectors(_column(table, action_key, f), action_key, dims[action_key], f))
         for name in ("episode_index", "frame_index", "task_index", "index"):
             parts[name].append(_integers(_column(table, name, f), name, f))
-    cols = {k: np.concatenate(v) for k, v in parts.items()}
+    cols = {k: np.concatenate(v) for k, v in parts.items() if v}
     order = np.argsort(cols["index"], kind="stable")
     cols = {k: v[order] for k, v in cols.items()}
     total = info.get("total_frames")
     if total is not None and total != len(order):
         raise LeRobotDatasetError(f"{root}: info.json says total_frames={total}, the data files hold {len(order)}")
+    if max_episodes is not None:
+        eps = cols["episode_index"]
+        firsts = eps[np.sort(np.unique(eps, return_index=True)[1])][:max_episodes]
+        keep = np.isin(eps, firsts)
+        cols = {k: v[keep] for k, v in cols.items()}
+    for c, key in enumerate(image_keys):
+        if is_video[c]:
+            cols["images"][:, c] = _decode_video(root, info, key, img_shape, cols["episode_index"],
+                                                 cols["timestamp"].astype(np.float64))
     tasks = _read_tasks(root)
     if cols["task_index"].size and (cols["task_index"].min() < 0 or cols["task_index"].max() >= len(tasks)):
         raise LeRobotDatasetError(f"{root}: task_index {int(cols['task_index'].max())} is not in meta/tasks.parquet "

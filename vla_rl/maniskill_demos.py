@@ -269,8 +269,8 @@ def demo_env_config(data: DemoDataset, *, task: str, control_mode: str, obs_mode
 
 def collect_maniskill(out: str | Path, *, task: str, episodes: int, seed: int = 0,
                       control_mode: str = "pd_ee_delta_pose", obs_mode: str = "state", image_size: int = 64,
-                      max_episode_steps: int | None = None, fps: int = 20, extra_info: dict | None = None,
-                      log=print) -> Path:
+                      max_episode_steps: int | None = None, fps: int = 20, video: bool = False,
+                      extra_info: dict | None = None, log=print) -> Path:
     """Motion-planner demos of ``task`` -> ``control_mode`` + ``obs_mode`` (``state``, or ``rgb``: camera
     images of ``image_size`` + proprioception) -> a LeRobot v3.0 dataset at ``out``. ManiSkill's own
     ``.h5`` files are kept in ``<out>.maniskill/``. info.json records the env (``"vla_rl": {"env":
@@ -298,6 +298,6 @@ def collect_maniskill(out: str | Path, *, task: str, episodes: int, seed: int = 
         with h5py.File(converted) as f:
             sensors = f[next(iter(f))]["obs"]["sensor_data"]
             cameras = [c for c in sensors if "rgb" in sensors[c]]
-    return write_lerobot_dataset(out, data, fps=fps, camera_names=cameras, robot_type="panda",
+    return write_lerobot_dataset(out, data, fps=fps, camera_names=cameras, robot_type="panda", video=video,
                                  extra_info={"vla_rl": {"env": "maniskill", "env_config": to_dict(env_cfg),
                                                         "source": str(converted), **(extra_info or {})}})

@@ -98,7 +98,7 @@ class SFTRunConfig:
     execute: int = 8                       # actions executed per chunk in the evaluation
 
 
-def load_demos(dataset: str | Path) -> tuple[DemoDataset, dict]:
+def load_demos(dataset: str | Path, max_episodes: int | None = None) -> tuple[DemoDataset, dict]:
     """A demo dataset and the env it came from (``{"kind": ..., ...}`` as in ``TrainConfig.env``, or {}).
 
     ``dataset``: a LeRobot v3.0 folder (its info.json's ``vla_rl`` entry names the env) or a ManiSkill
@@ -110,13 +110,13 @@ def load_demos(dataset: str | Path) -> tuple[DemoDataset, dict]:
     if path.suffix == ".h5":
         from vla_rl.maniskill_demos import demo_env_config, read_maniskill_h5, read_trajectory_info
 
-        data = read_maniskill_h5(path)
+        data = read_maniskill_h5(path, max_episodes=max_episodes)
         meta = read_trajectory_info(path)
         env_cfg = demo_env_config(data, task=meta.task, control_mode=meta.control_mode or "pd_ee_delta_pose",
                                   obs_mode=meta.obs_mode or "state")
         return data, {"kind": "maniskill", "options": to_dict(env_cfg)}
     info = read_lerobot_info(path)
-    data = read_lerobot_dataset(path)
+    data = read_lerobot_dataset(path, max_episodes=max_episodes)
     origin = info.get("vla_rl") if isinstance(info.get("vla_rl"), dict) else {}
     if origin.get("env") == "builtin":
         return data, {"kind": "builtin", "builtin": origin.get("env_config") or {}}
@@ -154,10 +154,10 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True) ->
     from vla_rl.trainer import EnvConfig, make_env
 
     torch.manual_seed(cfg.seed)
-    data, env_dict = load_demos(dataset)
+    if cfg.max_episodes is not None and cfg.max_episodes < 1:
+        raise ConfigError(f"max_episodes must be >= 1, got {cfg.max_episodes}")
+    data, env_dict = load_demos(dataset, cfg.max_episodes)  # reads (and decodes videos of) those episodes only
     if cfg.max_episodes is not None:
-        if cfg.max_episodes < 1:
-            raise ConfigError(f"max_episodes must be >= 1, got {cfg.max_episodes}")
         data = first_episodes(data, cfg.max_episodes)
     if cfg.idle_threshold is not None:
         if not cfg.idle_threshold > 0:

@@ -158,7 +158,7 @@ class Trainer:
         self.actor = Actor(model, norm, env_state_dim=spec.state_dim, env_action_dim=spec.action_dim,
                            action_low=spec.action_low, action_high=spec.action_high)
         self.learner = Learner(self.actor, cfg.ppo, method=cfg.sampler.method, noise_level=cfg.sampler.noise_level,
-                               execute=cfg.execute, bf16=cfg.bf16)
+                               execute=cfg.execute, bf16=cfg.bf16, total_iterations=cfg.iterations)
         self.iteration = 0
         self.history: list[dict] = []
         self._tb = None
