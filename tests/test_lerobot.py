@@ -102,8 +102,8 @@ def _edit_info(dataset, **changes):
 def test_errors_name_the_problem(dataset, tmp_path):
     with pytest.raises(LeRobotDatasetError, match="missing meta/info.json"):
         read_lerobot_dataset(tmp_path)
-    info = _edit_info(dataset, codebase_version="v2.1")
-    with pytest.raises(LeRobotDatasetError, match="'v2.1' is not supported"):
+    info = _edit_info(dataset, codebase_version="v1.6")
+    with pytest.raises(LeRobotDatasetError, match="'v1.6' is not supported"):
         read_lerobot_dataset(dataset)
     feats = dict(info["features"], **{"observation.images.top": {"dtype": "video", "shape": [32, 32, 3]}})
     _edit_info(dataset, codebase_version="v3.0", features=feats)
@@ -265,3 +265,89 @@ def test_cli_collect_video_then_sft(tmp_path, capsys):
     assert main(["sft", str(ds), "--no-progress", "steps=2", "batch_size=8", "eval_episodes=0",
                  f"out={tmp_path / 'policy'}", "policy.depth=1"]) == 0
     assert (tmp_path / "policy" / "model.safetensors").is_file()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Reading the v2.0 / v2.1 layout (one parquet / MP4 per episode, JSON-lines tables), written here by hand
+# from LeRobot's documented schema, independently of write_lerobot_dataset
+# ---------------------------------------------------------------------------------------------------------
+def write_v2(path, data, *, fps, cameras, video, version="v2.1"):
+    from vla_rl.lerobot_video import VideoWriter
+
+    (path / "meta").mkdir(parents=True)
+    m, _, h, w, _ = data.images.shape
+    keys = [f"observation.images.{c}" for c in cameras]
+    features = {k: {"dtype": "video" if video else "image", "shape": [h, w, 3], "names": ["height", "width", "channel"]}
+                for k in keys}
+    features.update({"observation.state": {"dtype": "float32", "shape": [data.state.shape[1]], "names": None},
+                     "action": {"dtype": "float32", "shape": [data.action.shape[1]], "names": None}})
+    for name in ("timestamp", "frame_index", "episode_index", "index", "task_index"):
+        features[name] = {"dtype": "float32" if name == "timestamp" else "int64", "shape": [1], "names": None}
+    info = {"codebase_version": version, "fps": fps, "total_episodes": int(data.episode_index.max()) + 1,
+            "total_frames": m, "chunks_size": 1000, "features": features,
+            "data_path": "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet",
+            "video_path": "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4" if video
+            else None}
+    (path / "meta" / "info.json").write_text(json.dumps(info))
+    (path / "meta" / "tasks.jsonl").write_text("".join(json.dumps({"task_index": i, "task": t}) + "\n"
+                                                       for i, t in enumerate(data.tasks)))
+    lines = []
+    for ep in data.episode_index.unique().tolist():
+        rows = (data.episode_index == ep).nonzero()[:, 0]
+        lines.append(json.dumps({"episode_index": ep, "tasks": [data.tasks[int(data.task_index[rows[0]])]],
+                                 "length": len(rows)}) + "\n")
+        cols = {"observation.state": pa.array(list(data.state[rows].numpy()), pa.list_(pa.float32())),
+                "action": pa.array(list(data.action[rows].numpy()), pa.list_(pa.float32())),
+                "timestamp": pa.array((data.frame_index[rows].numpy() / fps).astype(np.float32)),
+                "frame_index": pa.array(data.frame_index[rows].numpy()),
+                "episode_index": pa.array(data.episode_index[rows].numpy()),
+                "index": pa.array(rows.numpy()), "task_index": pa.array(data.task_index[rows].numpy())}
+        for c, key in enumerate(keys):
+            frames = data.images[rows, c].numpy()
+            if video:
+                writer = VideoWriter(path / f"videos/chunk-000/{key}/episode_{ep:06d}.mp4", fps=fps, height=h, width=w)
+                writer.add(frames)
+                writer.close()
+            else:
+                from vla_rl.lerobot import _png
+                cols[key] = pa.array([{"bytes": _png(f), "path": None} for f in frames],
+                                     pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+        (path / "data/chunk-000").mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table(cols), path / f"data/chunk-000/episode_{ep:06d}.parquet")
+    (path / "meta" / "episodes.jsonl").write_text("".join(lines))
+    return path
+
+
+def test_reads_the_v2_layout_with_png_images(tmp_path, demos):
+    path = write_v2(tmp_path / "v21", demos, fps=10, cameras=["top"], video=False)
+    back = read_lerobot_dataset(path)
+    for name in COLUMNS:
+        assert torch.equal(getattr(back, name), getattr(demos, name)), name
+    assert back.tasks == demos.tasks
+
+
+def test_reads_the_v2_layout_with_videos_and_only_the_episodes_asked_for(tmp_path):
+    data = level_demos()
+    path = write_v2(tmp_path / "v20", data, fps=10, cameras=["top", "wrist"], video=True, version="v2.0")
+    back = read_lerobot_dataset(path)
+    assert torch.equal(back.state, data.state) and torch.equal(back.episode_index, data.episode_index)
+    assert (back.images.float() - data.images.float()).abs().max() <= 3  # each episode's own file, from t = 0
+    (path / "data/chunk-000/episode_000002.parquet").unlink()
+    (path / "videos/chunk-000/observation.images.top/episode_000002.mp4").unlink()
+    first = read_lerobot_dataset(path, max_episodes=2)  # never opens episode 2's files
+    assert first.episode_index.unique().tolist() == [0, 1] and torch.equal(first.images, back.images[:12])
+    with pytest.raises(LeRobotDatasetError, match="dataset file missing: .*episode_000002.parquet"):
+        read_lerobot_dataset(path)
+
+
+def test_v2_errors_name_the_problem(tmp_path, demos):
+    path = write_v2(tmp_path / "v21", demos, fps=10, cameras=["top"], video=False)
+    episodes = path / "meta" / "episodes.jsonl"
+    lines = episodes.read_text().splitlines()
+    episodes.write_text(lines[0] + "\n{not json\n")
+    with pytest.raises(LeRobotDatasetError, match="corrupt JSON in .*episodes.jsonl line 2"):
+        read_lerobot_dataset(path)
+    episodes.write_text("\n".join(lines))
+    (path / "meta" / "tasks.jsonl").write_text(json.dumps({"task_index": 0}) + "\n")
+    with pytest.raises(LeRobotDatasetError, match="tasks.jsonl: every line needs an integer 'task_index' and a string"):
+        read_lerobot_dataset(path)

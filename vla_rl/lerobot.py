@@ -1,7 +1,7 @@
-"""Demonstrations on disk in LeRobot's dataset format v3.0, read and written with pyarrow alone.
+"""Demonstrations on disk in LeRobot's dataset format, read and written with pyarrow and PyAV alone.
 
 ``lerobot`` itself is not a dependency (its releases pin an older torch), so this module implements the
-part of the format a :class:`~vla_rl.data.DemoDataset` needs::
+part of the format a :class:`~vla_rl.data.DemoDataset` needs. It writes v3.0::
 
     DATASET/
       meta/info.json                             codebase_version "v3.0", fps, features, paths, counts
@@ -9,16 +9,19 @@ part of the format a :class:`~vla_rl.data.DemoDataset` needs::
       meta/tasks.parquet                         task string (pandas index) -> task_index
       meta/episodes/chunk-000/file-000.parquet   one row per episode: length, tasks, frame range, data file
       data/chunk-000/file-000.parquet            one row per frame
-
       videos/<camera feature>/chunk-000/file-000.mp4   video features only (see :mod:`vla_rl.lerobot_video`)
+
+and reads v3.0 and v2.0 / v2.1 (``data/chunk-000/episode_000000.parquet`` and
+``videos/chunk-000/<camera feature>/episode_000000.mp4`` per episode, ``meta/episodes.jsonl``,
+``meta/tasks.jsonl``; the paths come from info.json's ``data_path`` / ``video_path`` templates).
 
 Camera images are either ``"dtype": "image"`` features, PNG bytes inside the data parquet (a struct
 ``{"bytes", "path"}``, as Hugging Face ``datasets`` stores images), or ``"dtype": "video"`` features, the
-frames of many episodes back to back in one MP4 file per camera, located through the episode table's
-``videos/<key>/{chunk_index, file_index, from_timestamp, to_timestamp}`` columns (LeRobot's default for
-recorded datasets, and far smaller). Both are read; ``write_lerobot_dataset(video=True)`` writes the
-second. Other codebase versions are rejected with a clear error. Nothing is ever unpickled: parquet,
-JSON and MP4 only.
+frames of many episodes back to back in one MP4 file per camera (v3.0; v2.x: one per episode), located
+through the episode table's ``videos/<key>/{chunk_index, file_index, from_timestamp, to_timestamp}``
+columns (LeRobot's default for recorded datasets). Both are read; ``write_lerobot_dataset(video=True)``
+writes the second. Other codebase versions are rejected with a clear error. Nothing is ever unpickled:
+parquet, JSON and MP4 only.
 """
 
 from __future__ import annotations
@@ -37,7 +40,11 @@ from vla_rl.checkpoint import atomic_folder
 from vla_rl.data import DemoDataset
 from vla_rl.lerobot_video import DEFAULT_CODEC, PIX_FMT, VideoError, VideoWriter, codec_name, read_frames
 
-CODEBASE_VERSION = "v3.0"
+CODEBASE_VERSION = "v3.0"    # what is written
+# What is read. v2.x (LeRobot until mid-2025; many hub datasets, openpi's LIBERO data) keeps one parquet
+# (and one MP4 per camera) per episode, and its episode and task tables as JSON lines; v2.0 and v2.1
+# differ only in their statistics files, which reading does not use (SFT computes its own).
+READ_VERSIONS = ("v2.0", "v2.1", "v3.0")
 CHUNKS_SIZE = 1000            # files per chunk folder (LeRobot's default)
 DATA_FILES_SIZE_MB = 100      # a data file is closed at the first episode boundary past this size
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
@@ -282,9 +289,9 @@ def read_lerobot_info(path: str | Path) -> dict:
     if not isinstance(info, dict):
         raise LeRobotDatasetError(f"{info_path} must hold a JSON object")
     version = info.get("codebase_version")
-    if version != CODEBASE_VERSION:
+    if version not in READ_VERSIONS:
         raise LeRobotDatasetError(f"{path}: LeRobot dataset codebase_version {version!r} is not supported "
-                                  f"(only {CODEBASE_VERSION!r}; convert older datasets with LeRobot's converter)")
+                                  f"(only {', '.join(READ_VERSIONS)}; convert others with LeRobot's converters)")
     for key in ("features", "data_path", "fps"):
         if key not in info:
             raise LeRobotDatasetError(f"{info_path} has no {key!r}")
@@ -355,9 +362,58 @@ def _decode_images(col: pa.ChunkedArray, key: str, shape: tuple[int, ...], root:
     return out
 
 
-def _video_locations(root: Path, key: str) -> dict[int, tuple[int, int, float]]:
-    """Episode -> ``(chunk_index, file_index, from_timestamp)`` of video feature ``key``, from the episode tables."""
-    out: dict[int, tuple[int, int, float]] = {}
+def _is_v2(info: dict) -> bool:
+    return str(info.get("codebase_version", "")).startswith("v2")
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    """A JSON-lines table of a v2.x dataset (meta/episodes.jsonl, meta/tasks.jsonl)."""
+    if not path.is_file():
+        raise LeRobotDatasetError(f"dataset file missing: {path}")
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise LeRobotDatasetError(f"corrupt JSON in {path} line {n}: {e}") from None
+        if not isinstance(row, dict):
+            raise LeRobotDatasetError(f"{path} line {n} must hold a JSON object")
+        rows.append(row)
+    return rows
+
+
+def _v2_episodes(root: Path) -> list[int]:
+    where = root / "meta" / "episodes.jsonl"
+    eps = []
+    for n, row in enumerate(_read_jsonl(where), 1):
+        if not isinstance(row.get("episode_index"), int):
+            raise LeRobotDatasetError(f"{where} line {n} has no integer 'episode_index'")
+        eps.append(row["episode_index"])
+    if not eps:
+        raise LeRobotDatasetError(f"{where} lists no episodes")
+    return sorted(eps)
+
+
+def _format_path(root: Path, info: dict, name: str, **fields) -> Path:
+    try:
+        return root / info[name].format(**fields)
+    except (KeyError, IndexError, ValueError, AttributeError) as e:
+        raise LeRobotDatasetError(f"{root}: bad {name} {info.get(name)!r} in info.json: {e!r}") from None
+
+
+def _v2_chunk(info: dict, episode: int) -> int:
+    return episode // int(info.get("chunks_size") or CHUNKS_SIZE)
+
+
+def _video_locations(root: Path, info: dict, key: str, episodes: list[int]) -> dict[int, tuple[Path, float]]:
+    """Episode -> ``(video file, from_timestamp)`` of video feature ``key``: from the episode tables (v3.0),
+    or one file per episode starting at 0 (v2.x)."""
+    if _is_v2(info):
+        return {e: (_format_path(root, info, "video_path", video_key=key, episode_chunk=_v2_chunk(info, e),
+                                 episode_index=e), 0.0) for e in episodes}
+    out: dict[int, tuple[Path, float]] = {}
     for f in sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet")):
         table = _read_parquet(f)
         eps = _integers(_column(table, "episode_index", f), "episode_index", f)
@@ -365,7 +421,7 @@ def _video_locations(root: Path, key: str) -> dict[int, tuple[int, int, float]]:
         files = _integers(_column(table, f"videos/{key}/file_index", f), f"videos/{key}/file_index", f)
         starts = _vectors(_column(table, f"videos/{key}/from_timestamp", f), f"videos/{key}/from_timestamp", 1, f)
         for e, c, i, t in zip(eps.tolist(), chunks.tolist(), files.tolist(), starts[:, 0].astype(np.float64)):
-            out[e] = (c, i, float(t))
+            out[e] = (_format_path(root, info, "video_path", video_key=key, chunk_index=c, file_index=i), float(t))
     return out
 
 
@@ -375,37 +431,44 @@ def _decode_video(root: Path, info: dict, key: str, shape: tuple[int, ...], epis
 
     A row's frame is the one shown at its episode's ``from_timestamp`` plus its own ``timestamp``, within
     0.4 frame periods (LeRobot checks the same with a fixed 1e-4 s)."""
-    template = info.get("video_path")
-    if not isinstance(template, str):
-        raise LeRobotDatasetError(f"{root}/meta/info.json: feature {key!r} is a video but 'video_path' is {template!r}")
-    locations = _video_locations(root, key)
-    missing = sorted(set(np.unique(episode_index).tolist()) - set(locations))
+    if not isinstance(info.get("video_path"), str):
+        raise LeRobotDatasetError(f"{root}/meta/info.json: feature {key!r} is a video but 'video_path' is "
+                                  f"{info.get('video_path')!r}")
+    episodes = sorted(set(np.unique(episode_index).tolist()))
+    locations = _video_locations(root, info, key, episodes)
+    missing = sorted(set(episodes) - set(locations))
     if missing:
         raise LeRobotDatasetError(f"{root}: the episode tables give no video of {key!r} for episode {missing[0]}")
-    loc = np.array([locations[e] for e in episode_index.tolist()], dtype=np.float64).reshape(-1, 3)
+    files = sorted({locations[e][0] for e in episodes})
+    file_of = {f: i for i, f in enumerate(files)}
+    row_file = np.array([file_of[locations[e][0]] for e in episode_index.tolist()], dtype=np.int64)
+    start = np.array([locations[e][1] for e in episode_index.tolist()], dtype=np.float64)
     out = np.empty((len(episode_index), *shape), dtype=np.uint8)
-    for chunk, file in sorted({(int(c), int(i)) for c, i in loc[:, :2]}):
-        rows = np.flatnonzero((loc[:, 0] == chunk) & (loc[:, 1] == file))
+    for i, path in enumerate(files):
+        rows = np.flatnonzero(row_file == i)
         try:
-            path = root / template.format(video_key=key, chunk_index=chunk, file_index=file)
-        except (KeyError, IndexError, ValueError) as e:
-            raise LeRobotDatasetError(f"{root}: bad video_path {template!r} in info.json: {e}") from None
-        try:
-            out[rows] = read_frames(path, loc[rows, 2] + timestamp[rows], shape=shape,
+            out[rows] = read_frames(path, start[rows] + timestamp[rows], shape=shape,
                                     tolerance=0.4 / float(info["fps"]))
         except VideoError as e:
             raise LeRobotDatasetError(f"{root}: feature {key!r}: {e}") from None
     return out
 
 
-def _read_tasks(root: Path) -> list[str]:
-    where = root / "meta" / "tasks.parquet"
-    table = _read_parquet(where)
-    names = [c for c in ("task", "__index_level_0__") if c in table.column_names]
-    if not names:
-        raise LeRobotDatasetError(f"{where} has no task strings (no 'task' column or pandas index)")
-    tasks = _column(table, names[0], where).to_pylist()
-    index = _integers(_column(table, "task_index", where), "task_index", where).tolist()
+def _read_tasks(root: Path, info: dict) -> list[str]:
+    if _is_v2(info):
+        where = root / "meta" / "tasks.jsonl"
+        rows = _read_jsonl(where)
+        if not all(isinstance(r.get("task_index"), int) and isinstance(r.get("task"), str) for r in rows):
+            raise LeRobotDatasetError(f"{where}: every line needs an integer 'task_index' and a string 'task'")
+        tasks, index = [r["task"] for r in rows], [r["task_index"] for r in rows]
+    else:
+        where = root / "meta" / "tasks.parquet"
+        table = _read_parquet(where)
+        names = [c for c in ("task", "__index_level_0__") if c in table.column_names]
+        if not names:
+            raise LeRobotDatasetError(f"{where} has no task strings (no 'task' column or pandas index)")
+        tasks = _column(table, names[0], where).to_pylist()
+        index = _integers(_column(table, "task_index", where), "task_index", where).tolist()
     if sorted(index) != list(range(len(index))):
         raise LeRobotDatasetError(f"{where}: task_index must be 0..{len(index) - 1}, got {sorted(index)}")
     ordered = [""] * len(index)
@@ -414,8 +477,12 @@ def _read_tasks(root: Path) -> list[str]:
     return ordered
 
 
-def _data_files(root: Path, info: dict) -> list[Path]:
-    """The data files the episode tables point at, in order (or every file on disk if there are none)."""
+def _data_files(root: Path, info: dict, max_episodes: int | None = None) -> list[Path]:
+    """The data files the episode tables point at, in order. v2.x: one per episode, and with
+    ``max_episodes`` only the first ones (by episode index)."""
+    if _is_v2(info):
+        return [_format_path(root, info, "data_path", episode_chunk=_v2_chunk(info, e), episode_index=e)
+                for e in _v2_episodes(root)[:max_episodes]]
     ep_files = sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
     if not ep_files:
         raise LeRobotDatasetError(f"{root}: no episode tables under meta/episodes/")
@@ -450,7 +517,7 @@ def detect_keys(features: dict, state_key: str | None = None, action_key: str | 
 def read_lerobot_dataset(path: str | Path, *, image_keys: list[str] | None = None,
                          state_key: str | None = None, action_key: str | None = None,
                          max_episodes: int | None = None) -> DemoDataset:
-    """Read a LeRobot v3.0 dataset folder into a :class:`DemoDataset`.
+    """Read a LeRobot dataset folder (v3.0, or v2.0 / v2.1) into a :class:`DemoDataset`.
 
     ``image_keys`` picks the camera features (default: every ``image`` / ``video`` feature, in
     info.json's order); all must have the same size. ``max_episodes`` keeps the first episodes (in
@@ -490,7 +557,7 @@ def read_lerobot_dataset(path: str | Path, *, image_keys: list[str] | None = Non
 
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ("images", "state", "action", "episode_index",
                                                           "frame_index", "task_index", "index", "timestamp")}
-    for f in _data_files(root, info):
+    for f in _data_files(root, info, max_episodes):
         table = _read_parquet(f)
         # video frames are filled in below, once the rows (and so the episodes asked for) are known
         parts["images"].append(np.stack([np.zeros((table.num_rows, *img_shape), np.uint8) if video
@@ -507,7 +574,7 @@ def read_lerobot_dataset(path: str | Path, *, image_keys: list[str] | None = Non
     order = np.argsort(cols["index"], kind="stable")
     cols = {k: v[order] for k, v in cols.items()}
     total = info.get("total_frames")
-    if total is not None and total != len(order):
+    if total is not None and total != len(order) and not (_is_v2(info) and max_episodes is not None):
         raise LeRobotDatasetError(f"{root}: info.json says total_frames={total}, the data files hold {len(order)}")
     if max_episodes is not None:
         eps = cols["episode_index"]
@@ -518,7 +585,7 @@ def read_lerobot_dataset(path: str | Path, *, image_keys: list[str] | None = Non
         if is_video[c]:
             cols["images"][:, c] = _decode_video(root, info, key, img_shape, cols["episode_index"],
                                                  cols["timestamp"].astype(np.float64))
-    tasks = _read_tasks(root)
+    tasks = _read_tasks(root, info)
     if cols["task_index"].size and (cols["task_index"].min() < 0 or cols["task_index"].max() >= len(tasks)):
         raise LeRobotDatasetError(f"{root}: task_index {int(cols['task_index'].max())} is not in meta/tasks.parquet "
                                   f"({len(tasks)} tasks)")
