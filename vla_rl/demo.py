@@ -41,7 +41,7 @@ class DemoConfig:
     execute: int = 8
     eval_episodes: int = 200
     rl: str = "builtin_flow_sde"    # experiment preset of the RL stage (configs/experiment)
-    rl_iterations: int = 80         # 0: SFT only (measured, stop 11, `make demo`: 0.54 -> 0.90 after 80)
+    rl_iterations: int = 80         # 0: SFT only (measured, stop 12, `make demo`: 0.54 -> 0.88 after 80)
     seed: int = 0
     out: str = "runs/demo"
 
