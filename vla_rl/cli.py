@@ -138,10 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     col.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
     col.set_defaults(func=_collect)
 
-    sft = sub.add_parser("sft", help="flow-matching SFT of a policy on a LeRobot v3.0 dataset",
+    sft = sub.add_parser("sft", help="flow-matching SFT of a policy on a LeRobot dataset (v3.0, v2.x) or ManiSkill .h5",
                          description="Overrides: model=tiny steps=500 out=runs/sft eval_episodes=100 "
                                      "policy.depth=2 norm=quantile ...")
-    sft.add_argument("dataset", help="LeRobot v3.0 dataset folder (image features)")
+    sft.add_argument("dataset", help="LeRobot dataset folder (v3.0 or v2.0/v2.1; PNG or MP4 camera features, "
+                                     "or none) or a ManiSkill trajectory .h5")
     sft.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
     sft.add_argument("--no-progress", action="store_true", help="no progress bars")
     sft.set_defaults(func=_sft)

@@ -1,11 +1,11 @@
-"""MP4 camera streams of LeRobot v3.0 datasets, encoded and decoded with PyAV (FFmpeg's libraries).
+"""MP4 camera streams of LeRobot datasets, encoded and decoded with PyAV (FFmpeg's libraries).
 
-LeRobot stores a ``"dtype": "video"`` feature as one MP4 file per camera holding many episodes back to
-back: episode ``e`` occupies ``[from_timestamp, to_timestamp)`` of its file (recorded in the episode
-table), and the frame of a data row is the one shown at ``from_timestamp + timestamp``. Its encoder
-defaults are AV1 (``libsvtav1``), ``yuv420p``, a key frame every 2 frames and CRF 30; :class:`VideoWriter`
-uses the same so the files look like LeRobot's own. Decoding is lossy-exact: it returns what any player
-shows, not the frames that were encoded.
+LeRobot v3.0 stores a ``"dtype": "video"`` feature as one MP4 file per camera holding many episodes
+back to back (v2.x: one file per episode, starting at 0): episode ``e`` occupies ``[from_timestamp,
+to_timestamp)`` of its file (recorded in the episode table), and the frame of a data row is the one
+shown at ``from_timestamp + timestamp``. LeRobot's encoder defaults are AV1 (``libsvtav1``), ``yuv420p``,
+a key frame every 2 frames and CRF 30; :class:`VideoWriter` uses the same so the files look like
+LeRobot's own. Decoding is lossy: it returns what any player shows, not the frames that were encoded.
 """
 
 from __future__ import annotations

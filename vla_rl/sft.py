@@ -76,7 +76,7 @@ def train_sft(actor: Actor, data: DemoDataset, cfg: SFTConfig, *, progress: bool
 
 @dataclass(frozen=True)
 class SFTRunConfig:
-    """``vla-rl sft DATASET`` settings (DATASET: a LeRobot v3.0 folder, see :mod:`vla_rl.lerobot`, or a
+    """``vla-rl sft DATASET`` settings (DATASET: a LeRobot v3.0 / v2.x folder, see :mod:`vla_rl.lerobot`, or a
     ManiSkill trajectory ``.h5`` with state observations, see :mod:`vla_rl.maniskill_demos`)."""
 
     model: str = "tiny"                    # model preset (configs/model) ...
