@@ -69,7 +69,7 @@ TASKS = {
     "builtin": TaskSetup({"sde": "builtin_flow_sde", "noise": "builtin_flow_noise"}, demos=10, sft_steps=500,
                          iterations=200),
     "PushCube-v1": TaskSetup({"sde": "maniskill_pushcube_flow_sde", "noise": "maniskill_pushcube_flow_noise"},
-                             demos=20, sft_steps=2000, iterations=100, demo_pool=100, eval_every=10,
+                             demos=20, sft_steps=2000, iterations=150, demo_pool=100, eval_every=10,
                              eval_episodes=100),
     # PickCube: the planner pauses ~7 steps after the grasp; cloned as is, the policy stalls there (grasped,
     # never lifted: 0.02-0.03 from 40 demos). Dropping those idle frames is what moves SFT (see RESULTS.md).
