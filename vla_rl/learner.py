@@ -125,9 +125,10 @@ class Learner:
         chain, stoch = flat(ro.chain), flat(ro.stochastic)
         old_lp, old_v, adv, ret = flat(ro.old_log_prob), flat(ro.values), flat(adv), flat(ret)
         critic_only = iteration < cfg.critic_warmup_iters
+        lr_actor = cfg.lr_actor * actor_lr_scale(iteration, cfg, self.total_iterations)
         for group in self.optimizer.param_groups:  # the schedule is a function of the iteration alone
             if group.get("name") == "actor":
-                group["lr"] = cfg.lr_actor * actor_lr_scale(iteration, cfg, self.total_iterations)
+                group["lr"] = lr_actor
         mb_size = math.ceil(total / cfg.minibatches)
         gen = torch.Generator().manual_seed(iteration)
         sums: dict[str, float] = {}
@@ -178,7 +179,7 @@ class Learner:
         out["train/skipped_steps"] = float(self.skipped_steps)
         out["train/epochs"] = float(epochs_run)
         out["train/samples"] = float(total)
-        out["train/lr_actor"] = cfg.lr_actor * actor_lr_scale(iteration, cfg, self.total_iterations)
+        out["train/lr_actor"] = lr_actor
         out["train/advantage_mean"] = float(adv.mean())
         return out
 

@@ -389,7 +389,7 @@ def _v2_episodes(root: Path) -> list[int]:
     eps = []
     for n, row in enumerate(_read_jsonl(where), 1):
         if not isinstance(row.get("episode_index"), int):
-            raise LeRobotDatasetError(f"{where} line {n} has no integer 'episode_index'")
+            raise LeRobotDatasetError(f"{where}: entry {n} has no integer 'episode_index'")
         eps.append(row["episode_index"])
     if not eps:
         raise LeRobotDatasetError(f"{where} lists no episodes")
@@ -434,7 +434,7 @@ def _decode_video(root: Path, info: dict, key: str, shape: tuple[int, ...], epis
     if not isinstance(info.get("video_path"), str):
         raise LeRobotDatasetError(f"{root}/meta/info.json: feature {key!r} is a video but 'video_path' is "
                                   f"{info.get('video_path')!r}")
-    episodes = sorted(set(np.unique(episode_index).tolist()))
+    episodes = np.unique(episode_index).tolist()
     locations = _video_locations(root, info, key, episodes)
     missing = sorted(set(episodes) - set(locations))
     if missing:
