@@ -1,0 +1,95 @@
+"""How much does a policy's own sampling noise change the outcome from one initial state?
+
+    python benchmarks/explore_spread.py CKPT [--states 16] [--samples 8] [--seed 20000]
+                                             [--method sde|noise|ode] [--sde-mode all|mixed]
+                                             [--noise-level 0.5] [--execute 8] [--num-envs 16]
+                                             [--env.max_episode_steps=150 ...]
+
+Resets ``--samples`` envs to each of ``--states`` initial states (seeds ``--seed`` .. ``--seed + states - 1``:
+held-out, away from demo seeds 0+, evaluation seeds 10,000+ and rollout seeds 1,000,000+), runs each env's
+first episode with the stochastic sampler RL explores with, and prints per state the successes out of
+``--samples``. A policy-gradient method learns from the states where the samples disagree ("mixed"); a
+state every sample fails gives no success to reinforce, and one every sample wins has nothing left to gain.
+The env is the checkpoint's (a training checkpoint's ``train_config.yaml``, else the SFT policy's).
+Used in RESULTS.md to compare PushCube (where RL lifts the SFT policy) with PickCube (where it does not).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from vla_rl.actor import Actor, SamplerConfig
+from vla_rl.checkpoint import load_policy, read_yaml_file
+from vla_rl.config import from_dict, merge, parse_overrides
+from vla_rl.trainer import EnvConfig, make_env
+
+
+@torch.inference_mode()
+def outcomes(actor: Actor, env, *, states: int, samples: int, seed: int, sampler: SamplerConfig,
+             execute: int) -> torch.Tensor:
+    """Success of each env's first episode, ``[states, samples]``; env ``i`` of a round starts from state
+    ``i // samples`` of that round (``env.reset(group_size=samples)``)."""
+    n = env.num_envs
+    if n % samples:
+        raise ValueError(f"num_envs ({n}) must be a multiple of samples ({samples})")
+    per_round = n // samples
+    result = torch.zeros(states, samples)
+    gen = torch.Generator(device=actor.model.device)
+    for start in range(0, states, per_round):
+        obs = env.reset(seed=seed + start, group_size=samples)
+        gen.manual_seed(seed + start)
+        pending = torch.arange(n) < min(n, (states - start) * samples)
+        while pending.any():
+            out = env.step(actor.act(obs, sampler, generator=gen).actions[:, :execute])
+            obs = out.obs
+            if out.episodes:
+                for j, i in enumerate(out.episodes["env_index"].tolist()):
+                    if pending[i]:
+                        pending[i] = False
+                        result[start + i // samples, i % samples] = float(out.episodes["success_once"][j])
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint")
+    p.add_argument("--states", type=int, default=16)
+    p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--seed", type=int, default=20_000)
+    p.add_argument("--method", default="sde", choices=("ode", "sde", "noise"))
+    p.add_argument("--sde-mode", default="all", choices=("all", "mixed"))
+    p.add_argument("--noise-level", type=float, default=0.5)
+    p.add_argument("--num-steps", type=int, default=4)
+    p.add_argument("--execute", type=int, default=8)
+    p.add_argument("--num-envs", type=int, default=16)
+    args, rest = p.parse_known_args()
+    path = Path(args.checkpoint)
+    model, norm, config = load_policy(path)
+    env_dict = dict(config.get("env_config") or {})
+    if (path / "train_config.yaml").is_file():
+        env_dict = read_yaml_file(path / "train_config.yaml").get("env", {})
+    extra = parse_overrides([a.lstrip("-") for a in rest]).get("env", {})
+    env_cfg = from_dict(EnvConfig, merge(env_dict, extra), prefix="env")
+    env = make_env(env_cfg, num_envs=args.num_envs, device=torch.device("cpu"), seed=args.seed)
+    try:
+        actor = Actor(model, norm, env_state_dim=env.spec.state_dim, env_action_dim=env.spec.action_dim,
+                      action_low=env.spec.action_low, action_high=env.spec.action_high)
+        sampler = SamplerConfig(args.num_steps, args.method, args.noise_level, args.sde_mode)
+        res = outcomes(actor, env, states=args.states, samples=args.samples, seed=args.seed, sampler=sampler,
+                       execute=args.execute)
+    finally:
+        env.close()
+    wins = res.sum(1)
+    for s in range(args.states):
+        print(f"seed {args.seed + s}: {int(wins[s])}/{args.samples}")
+    never, always = int((wins == 0).sum()), int((wins == args.samples).sum())
+    print(f"{args.method} ({args.sde_mode if args.method == 'sde' else ''}): success {res.mean():.3f} over "
+          f"{res.numel()} episodes; states never won {never}/{args.states}, always won {always}/{args.states}, "
+          f"mixed {args.states - never - always}/{args.states}")
+
+
+if __name__ == "__main__":
+    main()
