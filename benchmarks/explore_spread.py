@@ -22,8 +22,9 @@ from pathlib import Path
 import torch
 
 from vla_rl.actor import Actor, SamplerConfig
-from vla_rl.checkpoint import load_policy, read_yaml_file
+from vla_rl.checkpoint import load_policy
 from vla_rl.config import from_dict, merge, parse_overrides
+from vla_rl.evaluate import checkpoint_env
 from vla_rl.trainer import EnvConfig, make_env
 
 
@@ -68,9 +69,7 @@ def main() -> None:
     args, rest = p.parse_known_args()
     path = Path(args.checkpoint)
     model, norm, config = load_policy(path)
-    env_dict = dict(config.get("env_config") or {})
-    if (path / "train_config.yaml").is_file():
-        env_dict = read_yaml_file(path / "train_config.yaml").get("env", {})
+    env_dict = checkpoint_env(path, config)
     extra = parse_overrides([a.lstrip("-") for a in rest]).get("env", {})
     env_cfg = from_dict(EnvConfig, merge(env_dict, extra), prefix="env")
     env = make_env(env_cfg, num_envs=args.num_envs, device=torch.device("cpu"), seed=args.seed)

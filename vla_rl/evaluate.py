@@ -62,19 +62,27 @@ class EvalConfig:
     env: dict[str, Any] = field(default_factory=dict)  # fields of the checkpoint's env config to override
 
 
+def checkpoint_env(path: str | Path, config: dict) -> dict:
+    """The env a checkpoint folder was made for, as an ``EnvConfig`` dict: a training checkpoint's
+    ``train_config.yaml``, else the one an SFT policy was trained for (``config``: its ``load_policy`` config)."""
+    from vla_rl.checkpoint import read_yaml_file
+
+    path = Path(path)
+    if (path / "train_config.yaml").is_file():
+        return dict(read_yaml_file(path / "train_config.yaml").get("env", {}))
+    return dict(config.get("env_config") or {})
+
+
 def evaluate_checkpoint(path: str | Path, overrides: dict | None = None) -> dict[str, float]:
     """Evaluate a policy or training checkpoint folder with the deterministic ODE sampler."""
-    from vla_rl.checkpoint import load_policy, read_yaml_file
+    from vla_rl.checkpoint import load_policy
     from vla_rl.config import from_dict, merge
     from vla_rl.trainer import EnvConfig, make_env
 
     overrides = dict(overrides or {})
     path = Path(path)
     model, norm, config = load_policy(path)
-    # The env: a training checkpoint's train_config.yaml, else the one an SFT policy was trained for.
-    env_dict: dict = dict(config.get("env_config") or {})
-    if (path / "train_config.yaml").is_file():
-        env_dict = read_yaml_file(path / "train_config.yaml").get("env", {})
+    env_dict = checkpoint_env(path, config)
     cfg = from_dict(EvalConfig, overrides)
     env_cfg = from_dict(EnvConfig, merge(env_dict, cfg.env), prefix="env")
     device = torch.device(cfg.device)
