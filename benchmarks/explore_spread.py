@@ -3,7 +3,7 @@
     python benchmarks/explore_spread.py CKPT [--states 16] [--samples 8] [--seed 20000]
                                              [--method sde|noise|ode] [--sde-mode all|mixed]
                                              [--noise-level 0.5] [--execute 8] [--num-envs 16]
-                                             [--env.max_episode_steps=150 ...]
+                                             [--env.options.max_episode_steps=150 ...]
 
 Resets ``--samples`` envs to each of ``--states`` initial states (seeds ``--seed`` .. ``--seed + states - 1``:
 held-out, away from demo seeds 0+, evaluation seeds 10,000+ and rollout seeds 1,000,000+), runs each env's
@@ -17,22 +17,19 @@ Used in RESULTS.md to compare PushCube (where RL lifts the SFT policy) with Pick
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
 from vla_rl.actor import Actor, SamplerConfig
-from vla_rl.checkpoint import load_policy
-from vla_rl.config import from_dict, merge, parse_overrides
-from vla_rl.evaluate import checkpoint_env
-from vla_rl.trainer import EnvConfig, make_env
+from vla_rl.config import parse_overrides
+from vla_rl.evaluate import first_episodes, open_checkpoint
 
 
-@torch.inference_mode()
 def outcomes(actor: Actor, env, *, states: int, samples: int, seed: int, sampler: SamplerConfig,
              execute: int) -> torch.Tensor:
-    """Success of each env's first episode, ``[states, samples]``; env ``i`` of a round starts from state
-    ``i // samples`` of that round (``env.reset(group_size=samples)``)."""
+    """Success of each env's first episode, ``[states, samples]``. A round resets ``env.num_envs //
+    samples`` states with seed ``seed + first state`` and ``group_size=samples``, so env ``i`` of the round
+    runs sample ``i % samples`` of its ``i // samples``-th state."""
     n = env.num_envs
     if n % samples:
         raise ValueError(f"num_envs ({n}) must be a multiple of samples ({samples})")
@@ -40,17 +37,10 @@ def outcomes(actor: Actor, env, *, states: int, samples: int, seed: int, sampler
     result = torch.zeros(states, samples)
     gen = torch.Generator(device=actor.model.device)
     for start in range(0, states, per_round):
-        obs = env.reset(seed=seed + start, group_size=samples)
-        gen.manual_seed(seed + start)
-        pending = torch.arange(n) < min(n, (states - start) * samples)
-        while pending.any():
-            out = env.step(actor.act(obs, sampler, generator=gen).actions[:, :execute])
-            obs = out.obs
-            if out.episodes:
-                for j, i in enumerate(out.episodes["env_index"].tolist()):
-                    if pending[i]:
-                        pending[i] = False
-                        result[start + i // samples, i % samples] = float(out.episodes["success_once"][j])
+        count = min(per_round, states - start) * samples
+        ep = first_episodes(actor, env, seed=seed + start, count=count, sampler=sampler, execute=execute,
+                            generator=gen, group_size=samples)
+        result[start:start + count // samples] = ep["success_once"].reshape(-1, samples).float()
     return result
 
 
@@ -67,15 +57,12 @@ def main() -> None:
     p.add_argument("--execute", type=int, default=8)
     p.add_argument("--num-envs", type=int, default=16)
     args, rest = p.parse_known_args()
-    path = Path(args.checkpoint)
-    model, norm, config = load_policy(path)
-    env_dict = checkpoint_env(path, config)
-    extra = parse_overrides([a.lstrip("-") for a in rest]).get("env", {})
-    env_cfg = from_dict(EnvConfig, merge(env_dict, extra), prefix="env")
-    env = make_env(env_cfg, num_envs=args.num_envs, device=torch.device("cpu"), seed=args.seed)
+    overrides = parse_overrides([a.removeprefix("--") for a in rest])
+    if set(overrides) - {"env"}:
+        p.error(f"unknown arguments {sorted(set(overrides) - {'env'})}: only --env.FIELD=VALUE overrides are passed on")
+    actor, env = open_checkpoint(args.checkpoint, env_overrides=overrides.get("env", {}), num_envs=args.num_envs,
+                                 device=torch.device("cpu"), seed=args.seed)
     try:
-        actor = Actor(model, norm, env_state_dim=env.spec.state_dim, env_action_dim=env.spec.action_dim,
-                      action_low=env.spec.action_low, action_high=env.spec.action_high)
         sampler = SamplerConfig(args.num_steps, args.method, args.noise_level, args.sde_mode)
         res = outcomes(actor, env, states=args.states, samples=args.samples, seed=args.seed, sampler=sampler,
                        execute=args.execute)

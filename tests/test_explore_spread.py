@@ -37,7 +37,11 @@ class SeedEnv:
                 ended.append(i)
                 wins.append((self.state[i] + i % self.group) % 2 == 0 if self.first[i] else True)
                 self.first[i], self.clock[i] = False, 0
-        episodes = {"env_index": torch.tensor(ended), "success_once": torch.tensor(wins)} if ended else {}
+        episodes = {}
+        if ended:  # every key a real env's episode tracker reports (envs/base.py, ChunkStep.episodes)
+            episodes = {"env_index": torch.tensor(ended), "success_once": torch.tensor(wins),
+                        "success_at_end": torch.tensor(wins), "return": torch.tensor(wins).float(),
+                        "length": torch.ones(len(ended), dtype=torch.long)}
         return SimpleNamespace(obs={}, episodes=episodes)
 
 

@@ -11,6 +11,34 @@ import torch
 
 from vla_rl.actor import Actor, SamplerConfig
 
+EPISODE_METRICS = ("success_once", "success_at_end", "return", "length")
+
+
+@torch.inference_mode()
+def first_episodes(actor: Actor, env, *, seed: int, count: int, sampler: SamplerConfig, execute: int | None,
+                   generator: torch.Generator, group_size: int = 1) -> dict[str, torch.Tensor]:
+    """One round: reset ``env`` with ``seed`` (``group_size`` > 1: groups of envs share an initial state),
+    reseed ``generator`` with it, and step until envs ``0 .. count - 1`` have each ended an episode.
+
+    Returns each of those envs' *first* episode's metrics (:data:`EPISODE_METRICS`), ``[count]`` tensors
+    indexed by env; episodes that start after an env's first one ends are ignored."""
+    n = env.num_envs
+    obs = env.reset(seed=seed) if group_size == 1 else env.reset(seed=seed, group_size=group_size)
+    generator.manual_seed(seed)
+    out_metrics = {k: torch.zeros(count, dtype=torch.float64) for k in EPISODE_METRICS}
+    pending = torch.arange(n) < count
+    while pending.any():
+        chunk = actor.act(obs, sampler, generator=generator).actions
+        out = env.step(chunk[:, :execute] if execute else chunk)
+        obs = out.obs
+        if out.episodes:
+            for j, i in enumerate(out.episodes["env_index"].tolist()):
+                if pending[i]:
+                    pending[i] = False
+                    for k in out_metrics:
+                        out_metrics[k][i] = float(out.episodes[k][j])
+    return out_metrics
+
 
 @torch.inference_mode()
 def evaluate(actor: Actor, env, *, num_episodes: int, sampler: SamplerConfig | None = None,
@@ -29,21 +57,12 @@ def evaluate(actor: Actor, env, *, num_episodes: int, sampler: SamplerConfig | N
     sampler = sampler or SamplerConfig()
     n = env.num_envs
     gen = torch.Generator(device=actor.model.device)
-    results: dict[str, list[float]] = {"success_once": [], "success_at_end": [], "return": [], "length": []}
+    results: dict[str, list[float]] = {k: [] for k in EPISODE_METRICS}
     for r in range(math.ceil(num_episodes / n)):
-        obs = env.reset(seed=seed + r * n)
-        gen.manual_seed(seed + r * n)
-        pending = torch.arange(n) < min(n, num_episodes - r * n)
-        while pending.any():
-            chunk = actor.act(obs, sampler, generator=gen).actions
-            out = env.step(chunk[:, :execute] if execute else chunk)
-            obs = out.obs
-            if out.episodes:
-                for j, i in enumerate(out.episodes["env_index"].tolist()):
-                    if pending[i]:
-                        pending[i] = False
-                        for k in results:
-                            results[k].append(float(out.episodes[k][j]))
+        ep = first_episodes(actor, env, seed=seed + r * n, count=min(n, num_episodes - r * n), sampler=sampler,
+                            execute=execute, generator=gen)
+        for k in results:
+            results[k].extend(ep[k].tolist())
     metrics = {f"{prefix}/{k}": sum(v) / num_episodes for k, v in results.items()}
     metrics[f"{prefix}/episodes"] = float(num_episodes)
     return metrics
@@ -62,33 +81,34 @@ class EvalConfig:
     env: dict[str, Any] = field(default_factory=dict)  # fields of the checkpoint's env config to override
 
 
-def checkpoint_env(path: str | Path, config: dict) -> dict:
-    """The env a checkpoint folder was made for, as an ``EnvConfig`` dict: a training checkpoint's
-    ``train_config.yaml``, else the one an SFT policy was trained for (``config``: its ``load_policy`` config)."""
-    from vla_rl.checkpoint import read_yaml_file
+def open_checkpoint(path: str | Path, *, env_overrides: dict, num_envs: int, device: torch.device,
+                    seed: int) -> tuple[Actor, Any]:
+    """A policy or training checkpoint folder's policy as an :class:`Actor` on ``device``, and ``num_envs``
+    of the env it was made for: a training checkpoint's ``train_config.yaml``, else the one an SFT policy was
+    trained for, with ``env_overrides`` (fields of :class:`~vla_rl.trainer.EnvConfig`) on top."""
+    from vla_rl.checkpoint import load_policy, read_yaml_file
+    from vla_rl.config import from_dict, merge
+    from vla_rl.trainer import EnvConfig, make_env
 
     path = Path(path)
+    model, norm, config = load_policy(path)
+    env_dict: dict = dict(config.get("env_config") or {})
     if (path / "train_config.yaml").is_file():
-        return dict(read_yaml_file(path / "train_config.yaml").get("env", {}))
-    return dict(config.get("env_config") or {})
+        env_dict = read_yaml_file(path / "train_config.yaml").get("env", {})
+    env_cfg = from_dict(EnvConfig, merge(env_dict, env_overrides), prefix="env")
+    env = make_env(env_cfg, num_envs=num_envs, device=device, seed=seed)
+    spec = env.spec
+    actor = Actor(model.to(device), norm, env_state_dim=spec.state_dim, env_action_dim=spec.action_dim,
+                  action_low=spec.action_low, action_high=spec.action_high)
+    return actor, env
 
 
 def evaluate_checkpoint(path: str | Path, overrides: dict | None = None) -> dict[str, float]:
     """Evaluate a policy or training checkpoint folder with the deterministic ODE sampler."""
-    from vla_rl.checkpoint import load_policy
-    from vla_rl.config import from_dict, merge
-    from vla_rl.trainer import EnvConfig, make_env
+    from vla_rl.config import from_dict
 
-    overrides = dict(overrides or {})
-    path = Path(path)
-    model, norm, config = load_policy(path)
-    env_dict = checkpoint_env(path, config)
-    cfg = from_dict(EvalConfig, overrides)
-    env_cfg = from_dict(EnvConfig, merge(env_dict, cfg.env), prefix="env")
-    device = torch.device(cfg.device)
-    env = make_env(env_cfg, num_envs=min(cfg.num_envs, cfg.episodes), device=device, seed=cfg.seed)
-    spec = env.spec
-    actor = Actor(model.to(device), norm, env_state_dim=spec.state_dim, env_action_dim=spec.action_dim,
-                  action_low=spec.action_low, action_high=spec.action_high)
+    cfg = from_dict(EvalConfig, dict(overrides or {}))
+    actor, env = open_checkpoint(path, env_overrides=cfg.env, num_envs=min(cfg.num_envs, cfg.episodes),
+                                 device=torch.device(cfg.device), seed=cfg.seed)
     return evaluate(actor, env, num_episodes=cfg.episodes, sampler=SamplerConfig(cfg.num_steps, "ode"),
                     execute=cfg.execute, seed=cfg.seed)
