@@ -132,6 +132,10 @@ class ColorReachEnv:
         goals, templates = self.goal.tolist(), self.template.tolist()
         return [TEMPLATES[k].format(COLORS[c]) for c, k in zip(goals, templates)]
 
+    def close(self) -> None:
+        """Part of the batched-env interface (worker envs end their processes here); this env holds
+        nothing but tensors, so there is nothing to release."""
+
     def render(self) -> Tensor:
         """Camera images ``[N, 1, S, S, 3]`` uint8."""
         n, s = self.num_envs, self.cfg.image_size

@@ -84,6 +84,53 @@ def test_config_errors_name_the_key(sft_checkpoint, tmp_path):
     assert cli_main(["train", "builtin_flow_noise", "ppo.nope=1"]) == 2
 
 
+@pytest.fixture
+def closed_envs(monkeypatch):
+    """Ids of the built-in envs closed so far (``close`` recorded, then run as usual)."""
+    from vla_rl.envs.builtin import ColorReachEnv
+
+    closed: list[int] = []
+    real = ColorReachEnv.close
+
+    def close(self):
+        closed.append(id(self))
+        real(self)
+
+    monkeypatch.setattr(ColorReachEnv, "close", close)
+    return closed
+
+
+def test_envs_are_released_however_a_trainer_ends(sft_checkpoint, tmp_path, closed_envs):
+    """Worker envs hold a process per env, so every way out of a trainer closes them: the context manager
+    (shared and separate evaluation envs), a failed construction, a failed resume, and `vla-rl eval`."""
+    from vla_rl.evaluate import evaluate_checkpoint
+
+    with Trainer(config(sft_checkpoint, tmp_path / "a", iterations=1), log=lambda *_: None) as t:
+        env = t.env
+        t.run()
+        assert closed_envs == []
+    assert closed_envs == [id(env)] and t.env is None
+    t.close()   # idempotent
+    assert closed_envs == [id(env)]
+    closed_envs.clear()
+    with Trainer(config(sft_checkpoint, tmp_path / "b", eval_episodes=4), log=lambda *_: None) as t:
+        ids = {id(t.env), id(t.eval_env)}
+    assert len(ids) == 2 and set(closed_envs) == ids
+    closed_envs.clear()
+    with pytest.raises(ConfigError, match="action_horizon"):   # fails after the env was built
+        Trainer(config(sft_checkpoint, tmp_path / "c", execute=99), log=lambda *_: None)
+    assert len(closed_envs) == 1
+    closed_envs.clear()
+    ckpt = tmp_path / "a" / "checkpoints" / "iter_000001"
+    assert evaluate_checkpoint(ckpt, {"episodes": 4, "num_envs": 4})["eval/episodes"] == 4
+    assert len(closed_envs) == 1
+    closed_envs.clear()
+    (ckpt / "optimizer.safetensors").write_bytes(b"\x00" * 10)
+    with pytest.raises(CheckpointError, match="corrupt safetensors"):
+        resume_trainer(tmp_path / "a", log=lambda *_: None)
+    assert len(closed_envs) == 1
+
+
 def test_cli_train_and_eval(sft_checkpoint, tmp_path, capsys):
     out = tmp_path / "cli"
     # overrides on both sides of a flag are all taken

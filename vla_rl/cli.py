@@ -33,7 +33,8 @@ def _train(args) -> int:
         base = read_yaml(preset_path("experiment", args.config))
         cfg = from_dict(TrainConfig, merge(base, overrides))
         trainer = Trainer(cfg)
-    history = trainer.run()
+    with trainer:   # closes the envs' worker processes however the run ends
+        history = trainer.run()
     evals = [h for h in history if "eval/success_once" in h]
     if evals:
         print(f"eval success: {evals[0]['eval/success_once']:.3f} (iteration {evals[0]['iteration']}) -> "

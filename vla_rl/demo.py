@@ -99,8 +99,8 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True) -> dict:
         "seed": cfg.seed, "progress": progress, "eval_every": max(1, cfg.rl_iterations // 4)})
     print(f"\nRL: preset '{cfg.rl}' ({train_cfg.sampler.method}, {train_cfg.ppo.algorithm}), "
           f"{cfg.rl_iterations} iterations x {train_cfg.env.num_envs} envs -> {train_cfg.out}")
-    trainer = Trainer(train_cfg)
-    results["rl_history"] = trainer.run()
+    with Trainer(train_cfg) as trainer:
+        results["rl_history"] = trainer.run()
     after = success(trainer.actor)
     results["success_after_rl"] = after
     print(f"\nsuccess (ODE sampler, {cfg.eval_episodes} episodes, seeds {eval_seed}...): "

@@ -97,9 +97,13 @@ def open_checkpoint(path: str | Path, *, env_overrides: dict, num_envs: int, dev
         env_dict = read_yaml_file(path / "train_config.yaml").get("env", {})
     env_cfg = from_dict(EnvConfig, merge(env_dict, env_overrides), prefix="env")
     env = make_env(env_cfg, num_envs=num_envs, device=device, seed=seed)
-    spec = env.spec
-    actor = Actor(model.to(device), norm, env_state_dim=spec.state_dim, env_action_dim=spec.action_dim,
-                  action_low=spec.action_low, action_high=spec.action_high)
+    try:
+        spec = env.spec
+        actor = Actor(model.to(device), norm, env_state_dim=spec.state_dim, env_action_dim=spec.action_dim,
+                      action_low=spec.action_low, action_high=spec.action_high)
+    except BaseException:   # e.g. a policy made for another env's state size: no worker left behind
+        env.close()
+        raise
     return actor, env
 
 
@@ -110,5 +114,8 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None) -> dict
     cfg = from_dict(EvalConfig, dict(overrides or {}))
     actor, env = open_checkpoint(path, env_overrides=cfg.env, num_envs=min(cfg.num_envs, cfg.episodes),
                                  device=torch.device(cfg.device), seed=cfg.seed)
-    return evaluate(actor, env, num_episodes=cfg.episodes, sampler=SamplerConfig(cfg.num_steps, "ode"),
-                    execute=cfg.execute, seed=cfg.seed)
+    try:
+        return evaluate(actor, env, num_episodes=cfg.episodes, sampler=SamplerConfig(cfg.num_steps, "ode"),
+                        execute=cfg.execute, seed=cfg.seed)
+    finally:
+        env.close()

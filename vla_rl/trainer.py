@@ -144,6 +144,16 @@ class Trainer:
         self.cfg, self.log = cfg, log
         self.device = torch.device(cfg.device)
         self.run_dir = Path(run_dir or cfg.out)
+        self._tb = None
+        self.env = self.eval_env = None
+        try:
+            self._build(cfg)
+        except BaseException:
+            # A bad init checkpoint or config must not leave the envs' worker processes running.
+            self.close()
+            raise
+
+    def _build(self, cfg: TrainConfig) -> None:
         self.env = make_env(cfg.env, num_envs=cfg.env.num_envs, device=self.device, seed=cfg.seed)
         self.eval_env = eval_env_for(cfg, self.env, self.device)
         spec = self.env.spec
@@ -161,7 +171,27 @@ class Trainer:
                                execute=cfg.execute, bf16=cfg.bf16, total_iterations=cfg.iterations)
         self.iteration = 0
         self.history: list[dict] = []
+
+    def close(self) -> None:
+        """Release the envs (worker processes, simulators) and the TensorBoard writer. Idempotent.
+
+        Why it matters: a ManiSkill or LIBERO env holds one process per env; a program that runs several
+        trainers one after another (``benchmarks/bench_learning.py``) otherwise keeps every earlier
+        trainer's workers alive until it exits."""
+        if self.eval_env is not None and self.eval_env is not self.env:
+            self.eval_env.close()
+        if self.env is not None:
+            self.env.close()
+        self.env = self.eval_env = None
+        if self._tb:
+            self._tb.close()
         self._tb = None
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # ------------------------------------------------------------------------------------------------
     # Checkpoints
@@ -306,7 +336,7 @@ class Trainer:
             if self.iteration % cfg.save_every == 0 or self.iteration == cfg.iterations:
                 self.save()
         if self._tb:
-            self._tb.close()
+            self._tb.flush()
         return self.history
 
 
@@ -327,7 +357,11 @@ def resume_trainer(run_dir: str | Path, *, overrides: dict | None = None, log=pr
     raw = merge(read_yaml_file(ckpt / "train_config.yaml"), overrides or {})
     cfg = from_dict(TrainConfig, raw)
     trainer = Trainer(cfg, run_dir=run_dir, log=log)
-    trainer.load(ckpt)
+    try:
+        trainer.load(ckpt)
+    except BaseException:
+        trainer.close()
+        raise
     metrics_path = run_dir / "metrics.jsonl"
     if metrics_path.exists():
         kept = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
