@@ -112,6 +112,8 @@ def test_envs_are_released_however_a_trainer_ends(sft_checkpoint, tmp_path, clos
     assert closed_envs == [id(env)] and t.env is None
     t.close()   # idempotent
     assert closed_envs == [id(env)]
+    with pytest.raises(RuntimeError, match="closed"):
+        t.run()
     closed_envs.clear()
     with Trainer(config(sft_checkpoint, tmp_path / "b", eval_episodes=4), log=lambda *_: None) as t:
         ids = {id(t.env), id(t.eval_env)}

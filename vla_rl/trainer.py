@@ -291,6 +291,8 @@ class Trainer:
     # The loop
     # ------------------------------------------------------------------------------------------------
     def run(self) -> list[dict]:
+        if self.env is None:
+            raise RuntimeError("this trainer was closed (its envs are gone); make a new one or resume_trainer()")
         cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with open(self.run_dir / "config.yaml", "w") as f:
