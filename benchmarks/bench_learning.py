@@ -197,7 +197,7 @@ def plot(curves: dict[str, list], path: Path, title: str) -> bool:
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend()
-    ax.set_title(f"{title}: few-shot SFT, then RL (one line per seed)")
+    ax.set_title(f"{title}: few-shot SFT, then RL (one line per seed)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
