@@ -3,7 +3,7 @@
     python benchmarks/explore_spread.py CKPT [--states 16] [--samples 8] [--seed 20000]
                                              [--method sde|noise|ode] [--sde-mode all|mixed]
                                              [--noise-level 0.5] [--execute 8] [--num-envs 16]
-                                             [--env.options.max_episode_steps=150 ...]
+                                             [--binary-gripper] [--env.options.max_episode_steps=150 ...]
 
 Resets ``--samples`` envs to each of ``--states`` initial states (seeds ``--seed`` .. ``--seed + states - 1``:
 held-out, away from demo seeds 0+, evaluation seeds 10,000+ and rollout seeds 1,000,000+), runs each env's
@@ -44,6 +44,22 @@ def outcomes(actor: Actor, env, *, states: int, samples: int, seed: int, sampler
     return result
 
 
+def binary_gripper(actor: Actor) -> Actor:
+    """Make ``actor`` send the gripper command (the last action dim) as exactly -1 or +1, thresholded at 0,
+    like the planner's demos. A diagnostic (``--binary-gripper``): with it, a sampler's exploration noise
+    reaches only the arm, so comparing success with and without it says how much of the noise's cost is
+    the gripper loosening its grasp."""
+    act = actor.act
+
+    def act_binary(*args, **kwargs):
+        out = act(*args, **kwargs)
+        out.actions[..., -1] = torch.where(out.actions[..., -1] >= 0, 1.0, -1.0)
+        return out
+
+    actor.act = act_binary
+    return actor
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint")
@@ -56,12 +72,16 @@ def main() -> None:
     p.add_argument("--num-steps", type=int, default=4)
     p.add_argument("--execute", type=int, default=8)
     p.add_argument("--num-envs", type=int, default=16)
+    p.add_argument("--binary-gripper", action="store_true",
+                   help="send the last action dim as -1 / +1 (thresholded at 0): noise then reaches only the arm")
     args, rest = p.parse_known_args()
     overrides = parse_overrides([a.removeprefix("--") for a in rest])
     if set(overrides) - {"env"}:
         p.error(f"unknown arguments {sorted(set(overrides) - {'env'})}: only --env.FIELD=VALUE overrides are passed on")
     actor, env = open_checkpoint(args.checkpoint, env_overrides=overrides.get("env", {}), num_envs=args.num_envs,
                                  device=torch.device("cpu"), seed=args.seed)
+    if args.binary_gripper:
+        binary_gripper(actor)
     try:
         sampler = SamplerConfig(args.num_steps, args.method, args.noise_level, args.sde_mode)
         res = outcomes(actor, env, states=args.states, samples=args.samples, seed=args.seed, sampler=sampler,

@@ -62,3 +62,16 @@ def test_outcomes_credits_first_episode_of_each_state_and_sample():
 def test_outcomes_needs_whole_groups():
     with pytest.raises(ValueError, match="multiple of samples"):
         explore_spread.outcomes(ZeroActor(), SeedEnv(6), states=2, samples=4, seed=0, sampler=None, execute=2)
+
+
+def test_binary_gripper_thresholds_only_the_last_dim():
+    arm = torch.tensor([[-0.5, 0.25], [0.1, -0.9], [0.0, 0.3]])
+    grip = torch.tensor([-0.3, 0.0, 0.7])
+
+    class Actor:
+        def act(self, obs, sampler, generator=None):
+            return SimpleNamespace(actions=torch.cat([arm, grip[:, None]], 1)[:, None].clone())  # [3, 1, 3]
+
+    out = explore_spread.binary_gripper(Actor()).act({}, None).actions
+    assert torch.equal(out[:, 0, :2], arm)
+    assert torch.equal(out[:, 0, 2], torch.tensor([-1.0, 1.0, 1.0]))
