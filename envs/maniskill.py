@@ -430,10 +430,12 @@ class ManiSkillGPUEnv:
 
 
 # ----------------------------------------------------------------------------------------------------
-def make_maniskill_env(cfg: ManiSkillConfig, num_envs: int, device="cpu", seed: int = 0):
+def make_maniskill_env(cfg: ManiSkillConfig, num_envs: int, device="cpu", seed: int = 0,
+                       envs_per_worker: int | None = None):
     """``num_envs`` envs of ``cfg.task``: on a cuda device (or ``sim_backend="gpu"``) one
-    :class:`ManiSkillGPUEnv`, else a :class:`envs.workers.WorkerVectorEnv` of CPU single envs (one
-    process each; their observations are CPU tensors)."""
+    :class:`ManiSkillGPUEnv`, else a :class:`envs.workers.WorkerVectorEnv` of CPU single envs
+    (``envs_per_worker`` per process, None: one process per CPU core; their observations are CPU
+    tensors)."""
     device = torch.device(device)
     backend = cfg.sim_backend
     if backend == "auto":
@@ -441,10 +443,14 @@ def make_maniskill_env(cfg: ManiSkillConfig, num_envs: int, device="cpu", seed: 
     if backend == "gpu":
         if device.type != "cuda":
             raise ValueError(f"sim_backend='gpu' needs a cuda device, got {str(device)!r}")
+        if envs_per_worker not in (None, 1):
+            raise ValueError("envs_per_worker is for the CPU backend's worker processes; the GPU simulator "
+                             "runs all envs in one batch")
         return ManiSkillGPUEnv(cfg, num_envs, device=device, seed=seed)
     import functools
 
     from .workers import WorkerVectorEnv
 
     return WorkerVectorEnv(functools.partial(ManiSkillSingleEnv, cfg), num_envs, seed=seed,
+                           envs_per_worker=envs_per_worker,
                            name=f"maniskill-{_base_name(cfg.task)}")

@@ -1,8 +1,8 @@
-"""Batched envs from single-env simulators, one worker process per env (ManiSkill's CPU backend allows
-one env per process; LIBERO's MuJoCo envs are single too).
+"""Batched envs from single-env simulators in worker processes, one or several envs per process
+(ManiSkill's CPU backend builds one env per ``gym.make``; LIBERO's MuJoCo envs are single too).
 
-Each worker runs a whole action chunk locally (one round trip per chunk, not per action) and writes its
-observations into shared memory, which the main process reads as one batched tensor.
+Each worker runs a whole action chunk for each of its envs locally (one round trip per chunk, not per
+action) and writes their observations into shared memory, which the main process reads as one batched tensor.
 
 The single-env protocol (what a ``factory()`` must return)::
 
@@ -35,7 +35,7 @@ PARENT_CHECK_S = 2.0   # how often an idle worker checks that its parent is stil
 
 
 class WorkerError(RuntimeError):
-    """A worker process failed or died; ``index`` is the env it ran."""
+    """A worker process failed or died; ``index`` is the first env it ran (pass it to ``restart``)."""
 
     def __init__(self, index: int, message: str):
         super().__init__(message)
@@ -96,17 +96,44 @@ def _write_obs(bufs: _Buffers, index: int, obs: dict, final: bool) -> str:
     return obs["instruction"]
 
 
-def _worker(index: int, factory: Callable, conn) -> None:
-    """Worker loop: build the env, then serve reset / step_chunk / render / close commands."""
+def _step_env(env, bufs: _Buffers, index: int, actions: np.ndarray) -> tuple:
+    """Run one env through a chunk ``[H, A]`` (stopping where its episode ends; the next episode starts
+    at once) and write its observations; returns what the main process needs of the chunk."""
+    horizon = actions.shape[0]
+    rewards = np.zeros(horizon, np.float32)
+    successes = np.zeros(horizon, bool)
+    term = trunc = succ = False
+    steps = 0
+    for h in range(horizon):
+        obs, r, term, trunc, succ = env.step(actions[h])
+        rewards[h], successes[h] = r, succ
+        steps += 1
+        if term or trunc:
+            break
+    final_instr = None
+    if term or trunc:
+        final_instr = _write_obs(bufs, index, obs, final=True)
+        obs = env.reset(None)
+    instr = _write_obs(bufs, index, obs, final=False)
+    return rewards, successes, steps, bool(term), bool(trunc), bool(succ), instr, final_instr
+
+
+def _worker(first: int, count: int, factory: Callable, conn) -> None:
+    """Worker loop: build envs ``first .. first + count - 1``, then serve reset / step_chunk / render /
+    close commands for all of them (one message per command, the envs run one after another)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and closes us
     parent = os.getppid()
     torch.set_num_threads(1)
     bufs = None
+    envs = []
     try:
-        env = factory()
-        conn.send(("spec", env.spec))
+        for _ in range(count):
+            envs.append(factory())
+        if any(e.spec != envs[0].spec for e in envs):
+            raise RuntimeError(f"the factory built envs with different specs: {[e.spec for e in envs]}")
+        conn.send(("spec", envs[0].spec))
         msg = conn.recv()
-        bufs = _Buffers(msg[1], env.spec, create=False, names=msg[2])
+        bufs = _Buffers(msg[1], envs[0].spec, create=False, names=msg[2])
         while True:
             # A parent killed without closing us (SIGKILL, SIGTERM) must not leave the simulators running:
             # wait for commands in slices and leave once we have been re-parented.
@@ -114,32 +141,16 @@ def _worker(index: int, factory: Callable, conn) -> None:
                 if os.getppid() != parent:
                     return
             cmd, arg = conn.recv()
-            if cmd == "reset":
-                obs = env.reset(arg)
-                conn.send(("ok", _write_obs(bufs, index, obs, final=False)))
-            elif cmd == "step":
-                horizon = arg.shape[0]
-                rewards = np.zeros(horizon, np.float32)
-                successes = np.zeros(horizon, bool)
-                term = trunc = succ = False
-                steps = 0
-                for h in range(horizon):
-                    obs, r, term, trunc, succ = env.step(arg[h])
-                    rewards[h], successes[h] = r, succ
-                    steps += 1
-                    if term or trunc:
-                        break
-                final_instr = None
-                if term or trunc:
-                    final_instr = _write_obs(bufs, index, obs, final=True)
-                    obs = env.reset(None)
-                instr = _write_obs(bufs, index, obs, final=False)
-                conn.send(("ok", (rewards, successes, steps, bool(term), bool(trunc), bool(succ), instr,
-                                  final_instr)))
-            elif cmd == "render":
-                conn.send(("ok", env.render_frame()))
+            if cmd == "reset":       # arg: one seed (or None) per env
+                conn.send(("ok", [_write_obs(bufs, first + j, env.reset(s), final=False)
+                                  for j, (env, s) in enumerate(zip(envs, arg))]))
+            elif cmd == "step":      # arg: [count, H, A]
+                conn.send(("ok", [_step_env(env, bufs, first + j, arg[j]) for j, env in enumerate(envs)]))
+            elif cmd == "render":    # arg: the env indices to render
+                conn.send(("ok", [envs[i - first].render_frame() for i in arg]))
             elif cmd == "close":
-                env.close()
+                for env in envs:
+                    env.close()
                 conn.send(("ok", None))
                 break
             else:
@@ -154,28 +165,67 @@ def _worker(index: int, factory: Callable, conn) -> None:
             bufs.close(unlink=False)
 
 
+def auto_envs_per_worker(num_envs: int) -> int:
+    """One worker per CPU core this process may use (``ceil(num_envs / cores)`` envs each): more
+    processes than cores add memory (~550 MB per ManiSkill worker) and context switches, not speed
+    (benchmarks/bench_env_grouping.py: 16 PickCube envs on 2 cores, 418 env-steps/s in 16 workers, 472 in 2)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:                       # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, -(-num_envs // max(1, cores)))
+
+
+def worker_slices(num_envs: int, envs_per_worker: int) -> list[range]:
+    """The envs each worker runs: ``ceil(num_envs / envs_per_worker)`` workers with contiguous, balanced
+    blocks (10 envs at 4 per worker: 4, 3, 3), so no worker is left with a lone straggler env."""
+    if num_envs < 1:
+        raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+    if envs_per_worker < 1:
+        raise ValueError(f"envs_per_worker must be >= 1, got {envs_per_worker}")
+    workers = -(-num_envs // envs_per_worker)
+    base, extra = divmod(num_envs, workers)
+    out, start = [], 0
+    for w in range(workers):
+        size = base + (w < extra)
+        out.append(range(start, start + size))
+        start += size
+    return out
+
+
 class WorkerVectorEnv:
-    """``num_envs`` single envs in worker processes behind the batched chunk-stepping interface."""
+    """``num_envs`` single envs in worker processes behind the batched chunk-stepping interface.
+
+    ``envs_per_worker`` > 1 puts several envs in one process, run one after another; None: one worker per
+    CPU core (:func:`auto_envs_per_worker`). Why: a ManiSkill
+    worker costs ~550 MB before its env and ~2 MB per env after (measured, DESIGN.md), so 64 envs fit in
+    4 workers where 64 workers would not fit in 24 GB; and on a machine with fewer cores than envs the
+    extra processes only add context switches and pipe round trips. Results do not depend on the
+    grouping: every env keeps its own simulator and its own seed."""
 
     def __init__(self, factory: Callable[[], object], num_envs: int, *, seed: int = 0,
-                 start_method: str = "spawn", timeout: float = 300.0, name: str = "env"):
-        if num_envs < 1:
-            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+                 envs_per_worker: int | None = 1, start_method: str = "spawn", timeout: float = 300.0,
+                 name: str = "env"):
+        if envs_per_worker is None:
+            envs_per_worker = auto_envs_per_worker(num_envs)
+        self.slices = worker_slices(num_envs, envs_per_worker)
+        self._num_envs = num_envs
         self.factory, self.timeout, self.name, self.seed = factory, timeout, name, seed
         self.device = torch.device("cpu")
         self._ctx = mp.get_context(start_method)
-        self._procs: list = [None] * num_envs
-        self._conns: list = [None] * num_envs
+        self._worker_of = [w for w, sl in enumerate(self.slices) for _ in sl]
+        self._procs: list = [None] * len(self.slices)
+        self._conns: list = [None] * len(self.slices)
         self._instr: list[str] = [""] * num_envs
         self.bufs: _Buffers | None = None
         self.spec: EnvSpec | None = None
         try:
             # Launch every worker before waiting for any: building a simulator env costs seconds of imports
             # and set-up per process, which then overlap instead of adding up.
-            for i in range(num_envs):
-                self._launch(i)
-            for i in range(num_envs):
-                self._handshake(i)
+            for w in range(len(self.slices)):
+                self._launch(w)
+            for w in range(len(self.slices)):
+                self._handshake(w)
         except BaseException:
             self.close()
             raise
@@ -183,69 +233,107 @@ class WorkerVectorEnv:
 
     @property
     def num_envs(self) -> int:
-        return len(self._procs)
+        return self._num_envs
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.slices)
 
     # ------------------------------------------------------------------------------------------------
-    def _start(self, i: int) -> None:
-        self._launch(i)
-        self._handshake(i)
+    def _envs_text(self, w: int) -> str:
+        sl = self.slices[w]
+        return f"env {sl[0]}" if len(sl) == 1 else f"envs {sl[0]}-{sl[-1]}"
 
-    def _launch(self, i: int) -> None:
+    def _start(self, w: int) -> None:
+        self._launch(w)
+        self._handshake(w)
+
+    def _launch(self, w: int) -> None:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_worker, args=(i, self.factory, child), daemon=True,
-                                 name=f"vla-rl-{self.name}-{i}")
+        sl = self.slices[w]
+        proc = self._ctx.Process(target=_worker, args=(sl[0], len(sl), self.factory, child), daemon=True,
+                                 name=f"vla-rl-{self.name}-{w}")
         proc.start()
         child.close()
-        self._procs[i], self._conns[i] = proc, parent
+        self._procs[w], self._conns[w] = proc, parent
 
-    def _handshake(self, i: int) -> None:
-        """Take worker ``i``'s spec (the first one fixes the pool's) and hand it the shared buffers."""
-        parent = self._conns[i]
-        kind, spec = self._recv(i)
+    def _handshake(self, w: int) -> None:
+        """Take worker ``w``'s spec (the first one fixes the pool's) and hand it the shared buffers."""
+        parent = self._conns[w]
+        kind, spec = self._recv(w)
         if kind != "spec":
-            raise WorkerError(i, f"{self.name} worker {i} sent {kind!r} instead of its spec")
+            raise WorkerError(self.slices[w][0], f"{self.name} worker {w} sent {kind!r} instead of its spec")
         spec = replace(spec, num_envs=self.num_envs)
         if self.spec is None:
             self.spec = spec
             self.bufs = _Buffers(self.num_envs, spec, create=True)
         elif spec != self.spec:
-            raise WorkerError(i, f"{self.name} worker {i} has spec {spec}, the others {self.spec}")
+            raise WorkerError(self.slices[w][0], f"{self.name} worker {w} has spec {spec}, the others {self.spec}")
         parent.send(("buffers", self.num_envs, self.bufs.names))
 
-    def _recv(self, i: int):
-        conn, proc = self._conns[i], self._procs[i]
+    def _recv(self, w: int):
+        conn, proc, first = self._conns[w], self._procs[w], self.slices[w][0]
         try:
             if not conn.poll(self.timeout):
-                raise WorkerError(i, f"{self.name} worker {i} timed out after {self.timeout:.0f} s "
-                                     f"({_exit_cause(proc.exitcode)})")
+                raise WorkerError(first, f"{self.name} worker {w} timed out after {self.timeout:.0f} s "
+                                         f"({_exit_cause(proc.exitcode)})")
             kind, payload = conn.recv()
         except (EOFError, ConnectionResetError, BrokenPipeError):
             proc.join(timeout=5)
-            raise WorkerError(i, f"{self.name} worker {i} (env {i}) died: {_exit_cause(proc.exitcode)}; "
-                                 f"call restart({i}) to replace it") from None
+            raise WorkerError(first, f"{self.name} worker {w} ({self._envs_text(w)}) died: "
+                                     f"{_exit_cause(proc.exitcode)}; call restart({first}) to replace it") from None
         if kind == "error":
-            raise WorkerError(i, f"{self.name} worker {i} (env {i}) failed:\n{payload}")
+            raise WorkerError(first, f"{self.name} worker {w} ({self._envs_text(w)}) failed:\n{payload}")
         return kind, payload
 
-    def _send(self, i: int, msg) -> None:
+    def _send(self, w: int, msg) -> None:
         try:
-            self._conns[i].send(msg)
+            self._conns[w].send(msg)
         except (BrokenPipeError, ConnectionResetError, OSError):
-            self._procs[i].join(timeout=5)
-            raise WorkerError(i, f"{self.name} worker {i} (env {i}) died: "
-                                 f"{_exit_cause(self._procs[i].exitcode)}; call restart({i})") from None
+            self._procs[w].join(timeout=5)
+            first = self.slices[w][0]
+            raise WorkerError(first, f"{self.name} worker {w} ({self._envs_text(w)}) died: "
+                                     f"{_exit_cause(self._procs[w].exitcode)}; call restart({first})") from None
+
+    def _call(self, msgs: dict[int, tuple]) -> dict[int, object]:
+        """Send each worker its message, then take every reply. A failure is raised only after all the
+        live workers have answered, so no reply is left in a pipe to be misread by the next command (the
+        live workers' envs have still run the command)."""
+        sent, error = [], None
+        for w, msg in msgs.items():
+            try:
+                self._send(w, msg)
+                sent.append(w)
+            except WorkerError as e:
+                error = error or e
+        out = {}
+        for w in sent:
+            try:
+                out[w] = self._recv(w)[1]
+            except WorkerError as e:
+                error = error or e
+        if error is not None:
+            raise error
+        return out
 
     def restart(self, i: int, seed: int | None = None) -> dict:
-        """Replace worker ``i`` (after it died) and reset its env; the other envs are untouched.
-        The env's unfinished episode is lost; returns the batched observation."""
-        proc = self._procs[i]
+        """Replace the worker that runs env ``i`` (after it died) and reset its envs; envs on other workers
+        are untouched. The worker's unfinished episodes are lost; with ``seed``, its env ``j`` gets
+        ``seed + j - i``. Returns the batched observation."""
+        if not 0 <= i < self.num_envs:
+            raise IndexError(f"env index {i} out of range for {self.num_envs} envs")
+        w = self._worker_of[i]
+        proc = self._procs[w]
         if proc is not None and proc.is_alive():
             proc.kill()
             proc.join(timeout=5)
-        self._start(i)
-        self.tracker.finish(torch.arange(self.num_envs) == i, torch.zeros(self.num_envs, dtype=torch.bool))
-        self._send(i, ("reset", seed))
-        self._instr[i] = self._recv(i)[1]
+        self._start(w)
+        sl = self.slices[w]
+        self.tracker.finish(torch.tensor([self._worker_of[j] == w for j in range(self.num_envs)]),
+                            torch.zeros(self.num_envs, dtype=torch.bool))
+        for j, instr in zip(sl, self._call({w: ("reset", [None if seed is None else seed + j - i
+                                                          for j in sl])})[w]):
+            self._instr[j] = instr
         return self._observe(final=False)
 
     # ------------------------------------------------------------------------------------------------
@@ -259,20 +347,20 @@ class WorkerVectorEnv:
         """Reset every env; env ``i`` gets seed ``seed + i // group_size`` (default seed: the
         constructor's), so ``group_size`` g > 1 makes groups of g envs start from the same state."""
         base = self.seed if seed is None else seed
-        for i in range(self.num_envs):
-            self._send(i, ("reset", base + i // group_size))
-        for i in range(self.num_envs):
-            self._instr[i] = self._recv(i)[1]
+        replies = self._call({w: ("reset", [base + i // group_size for i in sl])
+                              for w, sl in enumerate(self.slices)})
+        for w, sl in enumerate(self.slices):
+            for i, instr in zip(sl, replies[w]):
+                self._instr[i] = instr
         self.tracker = EpisodeTracker(self.num_envs, self.device)
         return self._observe(final=False)
 
     def step(self, chunk: torch.Tensor) -> ChunkStep:
         chunk = check_action_chunk(chunk, self.spec)
-        n, horizon = chunk.shape[:2]
+        horizon = chunk.shape[1]
         actions = chunk.numpy()
-        for i in range(n):
-            self._send(i, ("step", actions[i]))
-        results = [self._recv(i)[1] for i in range(n)]
+        replies = self._call({w: ("step", actions[sl[0]:sl[-1] + 1]) for w, sl in enumerate(self.slices)})
+        results = [r for w in range(self.num_workers) for r in replies[w]]
         rewards = torch.from_numpy(np.stack([r[0] for r in results]))
         succ_h = torch.from_numpy(np.stack([r[1] for r in results]))
         steps = torch.tensor([r[2] for r in results])
@@ -293,11 +381,19 @@ class WorkerVectorEnv:
                          episodes=episodes)
 
     def render_frames(self, indices: list[int] | None = None) -> list[np.ndarray]:
-        """One RGB frame ``[H, W, 3]`` per requested env (for videos)."""
-        indices = list(range(self.num_envs)) if indices is None else indices
+        """One RGB frame ``[H, W, 3]`` per requested env (for videos), in the order asked."""
+        indices = list(range(self.num_envs)) if indices is None else list(indices)
         for i in indices:
-            self._send(i, ("render", None))
-        return [self._recv(i)[1] for i in indices]
+            if not 0 <= i < self.num_envs:
+                raise IndexError(f"env index {i} out of range for {self.num_envs} envs")
+        by_worker: dict[int, list[int]] = {}
+        for i in indices:
+            by_worker.setdefault(self._worker_of[i], []).append(i)
+        replies = self._call({w: ("render", envs) for w, envs in by_worker.items()})
+        frames = {}
+        for w, envs in by_worker.items():
+            frames.update(zip(envs, replies[w]))
+        return [frames[i] for i in indices]
 
     def close(self) -> None:
         for i, (proc, conn) in enumerate(zip(self._procs, self._conns)):

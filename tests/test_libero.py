@@ -170,7 +170,8 @@ def test_soft_reset_equals_hard_reset(env):
 
 @pytest.mark.slow
 @needs_libero
-def test_worker_pool_of_libero_envs_passes_the_contract():
+@pytest.mark.parametrize("envs_per_worker", [1, 2])
+def test_worker_pool_of_libero_envs_passes_the_contract(envs_per_worker):
     import functools
 
     from contract import check_env_contract
@@ -178,8 +179,10 @@ def test_worker_pool_of_libero_envs_passes_the_contract():
     from vla_rl.envs.workers import WorkerVectorEnv
 
     cfg = LiberoConfig(task_ids=[0], init_state_ids=[0, 1, 2], max_episode_steps=4, image_size=64)
-    pool = WorkerVectorEnv(functools.partial(LiberoSingleEnv, cfg), 2, name="libero")
+    pool = WorkerVectorEnv(functools.partial(LiberoSingleEnv, cfg), 2, name="libero",
+                           envs_per_worker=envs_per_worker)
     try:
+        assert pool.num_workers == 2 // envs_per_worker
         check_env_contract(pool, horizon=3)
         obs = pool.reset(seed=3)
         assert obs["images"].shape == (2, 2, 64, 64, 3) and obs["state"].shape == (2, 8)

@@ -4,6 +4,7 @@ import functools
 import os
 import signal
 
+import numpy as np
 import pytest
 import torch
 from contract import check_env_contract
@@ -47,16 +48,20 @@ def test_worker_pool_equals_the_env_run_in_process(pool):
 def test_dead_worker_is_reported_and_restarted_without_losing_the_others(pool):
     pool.reset(seed=0)
     pool.step(torch.zeros(2, 2, 2))
-    state_before = pool.step(torch.zeros(2, 1, 2)).obs["state"][1].clone()
     os.kill(pool._procs[0].pid, signal.SIGKILL)
     pool._procs[0].join(timeout=10)
     with pytest.raises(WorkerError, match=r"worker 0 \(env 0\) died: killed by signal SIGKILL") as err:
         pool.step(torch.zeros(2, 1, 2))
     assert err.value.index == 0
     obs = pool.restart(0, seed=11)
-    assert torch.equal(obs["state"][1], state_before)  # env 1 kept its episode
+    assert torch.equal(obs["state"][0], torch.from_numpy(ColorReachSingleEnv(SHORT).reset(11)["state"]))
     out = pool.step(torch.zeros(2, 1, 2))
-    assert out.obs["state"].shape == (2, 4)
+    # env 1 kept its episode: it ran every chunk, the failed step's included (its worker was alive)
+    env1 = ColorReachSingleEnv(SHORT)
+    env1.reset(1)
+    for _ in range(4):
+        env1.step(np.zeros(2, np.float32))
+    assert torch.allclose(out.obs["state"][1], torch.from_numpy(env1.env.state()[0].numpy()))
 
 
 def _broken_factory():
@@ -109,3 +114,102 @@ def test_workers_exit_when_their_parent_is_killed(tmp_path):
         proc.kill()
         if "holder" in locals():
             os.kill(holder, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("num_envs, per_worker, sizes", [(10, 4, [4, 3, 3]), (5, 2, [2, 2, 1]), (3, 8, [3]),
+                                                           (4, 1, [1, 1, 1, 1])])
+def test_worker_slices_are_contiguous_and_balanced(num_envs, per_worker, sizes):
+    from vla_rl.envs.workers import worker_slices
+
+    slices = worker_slices(num_envs, per_worker)
+    assert [len(s) for s in slices] == sizes
+    assert [i for s in slices for i in s] == list(range(num_envs))
+
+
+def test_worker_slices_reject_bad_counts():
+    from vla_rl.envs.workers import worker_slices
+
+    with pytest.raises(ValueError, match="envs_per_worker must be >= 1"):
+        worker_slices(4, 0)
+    with pytest.raises(ValueError, match="num_envs must be >= 1"):
+        worker_slices(0, 2)
+
+
+@pytest.fixture
+def grouped():
+    env = WorkerVectorEnv(functools.partial(ColorReachSingleEnv, SHORT), 5, envs_per_worker=2, name="grouped")
+    yield env
+    env.close()
+
+
+def test_grouped_pool_passes_the_contract(grouped):
+    assert grouped.num_workers == 3 and len({p.pid for p in grouped._procs}) == 3
+    check_env_contract(grouped)
+
+
+def test_grouped_pool_equals_one_env_per_worker(grouped):
+    """Putting several envs in one process changes no observation, reward or episode boundary: each env
+    keeps its own simulator and seed (a chunk longer than the 6-step episode crosses a reset)."""
+    single = WorkerVectorEnv(functools.partial(ColorReachSingleEnv, SHORT), 5, name="single")
+    try:
+        a, b = grouped.reset(seed=3), single.reset(seed=3)
+        assert torch.equal(a["images"], b["images"]) and torch.equal(a["state"], b["state"])
+        gen = torch.Generator().manual_seed(0)
+        for _ in range(4):
+            chunk = torch.rand(5, 4, 2, generator=gen) * 2 - 1
+            x, y = grouped.step(chunk), single.step(chunk)
+            assert torch.equal(x.rewards, y.rewards) and torch.equal(x.steps, y.steps)
+            assert torch.equal(x.obs["state"], y.obs["state"])
+            assert torch.equal(x.terminated | x.truncated, y.terminated | y.truncated)
+            if x.final_obs is not None:
+                assert torch.equal(x.final_obs["state"], y.final_obs["state"])
+                assert torch.equal(x.episodes["return"], y.episodes["return"])
+        assert (torch.stack([torch.from_numpy(f) for f in grouped.render_frames([4, 0, 3])])
+                == torch.stack([torch.from_numpy(f) for f in single.render_frames([4, 0, 3])])).all()
+    finally:
+        single.close()
+
+
+def test_dead_grouped_worker_names_its_envs_and_restarts_them_alone(grouped):
+    """The other workers' envs keep their episodes: they match a pool that ran the same chunks (the
+    failed step included: live workers still ran it) without a death."""
+    reference = WorkerVectorEnv(functools.partial(ColorReachSingleEnv, SHORT), 5, name="reference")
+    chunks = [torch.full((5, 2, 2), 0.3), torch.full((5, 1, 2), -0.2), torch.full((5, 1, 2), 0.1)]
+    try:
+        reference.reset(seed=0)
+        expected = [reference.step(c).obs["state"] for c in chunks][-1]
+    finally:
+        reference.close()
+    grouped.reset(seed=0)
+    grouped.step(chunks[0])
+    os.kill(grouped._procs[1].pid, signal.SIGKILL)
+    grouped._procs[1].join(timeout=10)
+    with pytest.raises(WorkerError, match=r"worker 1 \(envs 2-3\) died: killed by signal SIGKILL") as err:
+        grouped.step(chunks[1])
+    assert err.value.index == 2
+    obs = grouped.restart(3, seed=7)
+    fresh = [ColorReachSingleEnv(SHORT) for _ in range(2)]
+    assert torch.equal(obs["state"][2], torch.from_numpy(fresh[0].reset(6)["state"]))  # seed + j - i
+    assert torch.equal(obs["state"][3], torch.from_numpy(fresh[1].reset(7)["state"]))
+    after = grouped.step(chunks[2]).obs["state"]
+    assert torch.equal(after[[0, 1, 4]], expected[[0, 1, 4]])
+
+
+def test_auto_grouping_gives_one_worker_per_core(monkeypatch):
+    from vla_rl.envs import workers
+
+    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert [workers.auto_envs_per_worker(n) for n in (1, 2, 3, 16, 64)] == [1, 1, 2, 8, 32]
+    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert [workers.auto_envs_per_worker(n) for n in (1, 16, 17, 320)] == [1, 1, 2, 20]
+
+
+def test_env_config_checks_envs_per_worker():
+    from vla_rl.config import ConfigError
+    from vla_rl.trainer import EnvConfig, make_env
+
+    with pytest.raises(ConfigError, match="envs_per_worker must be >= 1"):
+        EnvConfig(kind="maniskill", envs_per_worker=0)
+    with pytest.raises(ConfigError, match="envs_per_worker is for worker envs"):
+        make_env(EnvConfig(kind="builtin", envs_per_worker=4), num_envs=8, device=torch.device("cpu"), seed=0)
+    assert make_env(EnvConfig(kind="builtin"), num_envs=8, device=torch.device("cpu"), seed=0).num_envs == 8

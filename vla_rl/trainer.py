@@ -50,6 +50,13 @@ class EnvConfig:
     num_envs: int = 64
     builtin: ColorReachConfig = field(default_factory=ColorReachConfig)
     options: dict[str, Any] = field(default_factory=dict)  # the ManiSkill / LIBERO adapter's own config
+    # Worker envs (ManiSkill on CPU, LIBERO): envs per worker process. None: one worker per CPU core.
+    envs_per_worker: int | None = None
+
+    def __post_init__(self):
+        if self.num_envs < 1 or (self.envs_per_worker is not None and self.envs_per_worker < 1):
+            raise ConfigError(f"env.num_envs and env.envs_per_worker must be >= 1, got {self.num_envs}, "
+                              f"{self.envs_per_worker}")
 
 
 @dataclass(frozen=True)
@@ -85,12 +92,15 @@ def make_env(cfg: EnvConfig, *, num_envs: int, device: torch.device, seed: int):
         if cfg.options:
             raise ConfigError(f"env.options is for maniskill / libero; builtin uses env.builtin "
                               f"(got {sorted(cfg.options)})")
+        if cfg.envs_per_worker not in (None, 1):
+            raise ConfigError("env.envs_per_worker is for worker envs (maniskill on CPU, libero); the builtin "
+                              "env runs in-process as one batch")
         return ColorReachEnv(num_envs, config=cfg.builtin, device=device, seed=seed)
     if cfg.kind == "maniskill":
         from vla_rl.envs.maniskill import ManiSkillConfig, make_maniskill_env
 
         ms = from_dict(ManiSkillConfig, cfg.options, prefix="env.options")
-        return make_maniskill_env(ms, num_envs, device=device, seed=seed)
+        return make_maniskill_env(ms, num_envs, device=device, seed=seed, envs_per_worker=cfg.envs_per_worker)
     if cfg.kind == "libero":
         import functools
 
@@ -98,7 +108,8 @@ def make_env(cfg: EnvConfig, *, num_envs: int, device: torch.device, seed: int):
         from vla_rl.envs.workers import WorkerVectorEnv
 
         lib = from_dict(LiberoConfig, cfg.options, prefix="env.options")
-        return WorkerVectorEnv(functools.partial(LiberoSingleEnv, lib), num_envs, seed=seed, name="libero")
+        return WorkerVectorEnv(functools.partial(LiberoSingleEnv, lib), num_envs, seed=seed, name="libero",
+                               envs_per_worker=cfg.envs_per_worker)
     raise ConfigError(f"unknown env.kind {cfg.kind!r}")
 
 
