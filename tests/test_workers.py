@@ -213,3 +213,31 @@ def test_env_config_checks_envs_per_worker():
     with pytest.raises(ConfigError, match="envs_per_worker is for worker envs"):
         make_env(EnvConfig(kind="builtin", envs_per_worker=4), num_envs=8, device=torch.device("cpu"), seed=0)
     assert make_env(EnvConfig(kind="builtin"), num_envs=8, device=torch.device("cpu"), seed=0).num_envs == 8
+
+
+class _PickyEnv(ColorReachSingleEnv):
+    """Fails on the action 0.77 (a simulator error inside a live worker, not a death)."""
+
+    def step(self, action):
+        if float(action[0]) == pytest.approx(0.77):
+            raise RuntimeError("picky env refused 0.77")
+        return super().step(action)
+
+
+def test_failing_worker_leaves_no_reply_of_the_others_unread():
+    """When one worker reports an error, the others' replies to the same command are still taken, so the
+    next command does not read a stale reply (checked on the pipe, and by the next step's rewards)."""
+    pool = WorkerVectorEnv(functools.partial(_PickyEnv, SHORT), 4, envs_per_worker=2, name="picky")
+    try:
+        pool.reset(seed=0)
+        chunk = torch.full((4, 2, 2), 0.3)
+        chunk[1] = 0.77
+        with pytest.raises(WorkerError, match="picky env refused 0.77") as err:
+            pool.step(chunk)
+        assert err.value.index == 0
+        assert not pool._conns[1].poll(1.0)       # worker 1's reply was taken
+        pool.restart(0, seed=0)
+        out = pool.step(torch.full((4, 3, 2), -0.4))
+        assert out.rewards.shape == (4, 3) and out.steps.tolist() == [3, 3, 3, 3]
+    finally:
+        pool.close()
