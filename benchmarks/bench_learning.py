@@ -127,7 +127,7 @@ def rl_run(sft: Path, run: Path, preset: str, method: str, seed: int, iterations
             "tensorboard": False, "progress": False})
         trainer = Trainer(cfg, log=lambda *_: None)
     t0 = time.time()
-    with trainer:   # one process runs every (seed, method): release each run's 16 workers when it ends
+    with trainer:   # one process runs every (seed, method): release each run's workers when it ends
         history = trainer.run()
     print(f"  seed {seed} {LABELS[method]}: {len(history) - 1} iterations in {time.time() - t0:.0f} s, eval "
           + " ".join(f"{h['eval/success_once']:.2f}" for h in history if "eval/success_once" in h), flush=True)

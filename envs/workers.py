@@ -197,11 +197,10 @@ class WorkerVectorEnv:
     """``num_envs`` single envs in worker processes behind the batched chunk-stepping interface.
 
     ``envs_per_worker`` > 1 puts several envs in one process, run one after another; None: one worker per
-    CPU core (:func:`auto_envs_per_worker`). Why: a ManiSkill
-    worker costs ~550 MB before its env and ~2 MB per env after (measured, DESIGN.md), so 64 envs fit in
-    4 workers where 64 workers would not fit in 24 GB; and on a machine with fewer cores than envs the
-    extra processes only add context switches and pipe round trips. Results do not depend on the
-    grouping: every env keeps its own simulator and its own seed."""
+    CPU core (:func:`auto_envs_per_worker`). Why: a ManiSkill worker costs ~350-550 MB before its env and
+    ~2 MB per env after (benchmarks/bench_env_grouping.py), so 64 envs take 1 GB in 2 workers and ~22 GB
+    in 64; and on a machine with fewer cores than envs the extra processes only add context switches and
+    pipe round trips. Results do not depend on the grouping: every env keeps its own simulator and seed."""
 
     def __init__(self, factory: Callable[[], object], num_envs: int, *, seed: int = 0,
                  envs_per_worker: int | None = 1, start_method: str = "spawn", timeout: float = 300.0,

@@ -121,7 +121,7 @@ def eval_env_for(cfg: TrainConfig, train_env, device: torch.device):
     separate env of ``eval_episodes`` envs.
 
     Why share: a second env of the same size would be identical, and with worker envs it doubles the
-    processes (ManiSkill on CPU: 16 more workers, ~0.55 GB each). Sharing changes no result: evaluate()
+    processes (ManiSkill on CPU: ~0.55 GB per extra worker). Sharing changes no result: evaluate()
     resets with explicit seeds, and every training iteration resets the env with its own seed before
     collecting. Only a batch larger than the evaluation (e.g. 320 GPU envs for 100 episodes) gets its own,
     smaller env, so evaluations are not padded with unused envs."""
