@@ -2,8 +2,9 @@
 
 Two ways to run it (``make_maniskill_env`` picks one from the device):
 
-- CPU: ManiSkill's CPU physics allows one env per process, so :class:`ManiSkillSingleEnv` (one env,
-  numpy in / numpy out) runs inside the worker processes of :class:`envs.workers.WorkerVectorEnv`.
+- CPU: ManiSkill's CPU physics builds one env per ``gym.make``, so :class:`ManiSkillSingleEnv` (one env,
+  numpy in / numpy out) runs inside the worker processes of :class:`envs.workers.WorkerVectorEnv`, one or
+  several per process.
 - GPU: :class:`ManiSkillGPUEnv` runs ``num_envs`` envs in one process with ``physx_cuda`` and
   implements the batched interface directly, with ManiSkill's own partial reset.
 
@@ -252,7 +253,7 @@ def _action_bounds(space) -> tuple[float, float]:
 # ----------------------------------------------------------------------------------------------------
 class ManiSkillSingleEnv:
     """One ManiSkill env on the CPU backend, numpy in / numpy out (the single-env protocol of
-    :mod:`envs.workers`). ManiSkill allows one such env per process."""
+    :mod:`envs.workers`). Several can share a process: each has its own scene and physics system."""
 
     def __init__(self, cfg: ManiSkillConfig):
         self.cfg = cfg

@@ -186,7 +186,7 @@ class Trainer:
     def close(self) -> None:
         """Release the envs (worker processes, simulators) and the TensorBoard writer. Idempotent.
 
-        Why it matters: a ManiSkill or LIBERO env holds one process per env; a program that runs several
+        Why it matters: a ManiSkill or LIBERO env holds worker processes; a program that runs several
         trainers one after another (``benchmarks/bench_learning.py``) otherwise keeps every earlier
         trainer's workers alive until it exits."""
         if self.eval_env is not None and self.eval_env is not self.env:
