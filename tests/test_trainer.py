@@ -356,3 +356,20 @@ def test_evaluation_shares_the_training_env_and_gets_the_same_numbers(sft_checkp
     # A batch larger than the evaluation gets its own env of eval_episodes envs.
     small = Trainer(config(sft_checkpoint, tmp_path / "separate", eval_episodes=4), log=lambda *_: None)
     assert small.eval_env is not small.env and small.eval_env.num_envs == 4
+
+
+def test_first_episode_mask_marks_each_envs_first_ended_episode():
+    from vla_rl.rollout import first_episode_mask
+
+    assert first_episode_mask([3, 1, 3, 0, 1, 3]) == [True, True, False, True, False, False]
+    assert first_episode_mask([]) == []
+
+
+def test_rollout_success_over_first_episodes_counts_every_env_once(sft_checkpoint, tmp_path):
+    """With a rollout as long as the episode limit (2 chunks x 8 = 16 steps) every env's first episode
+    ends inside it, so exactly num_envs first episodes are scored, however many second ones end too."""
+    history = Trainer(config(sft_checkpoint, tmp_path / "run", iterations=2), log=lambda *_: None).run()
+    for h in history[1:]:
+        assert h["rollout/first_episodes"] == 8
+        assert h["rollout/episodes"] >= 8
+        assert 0.0 <= h["rollout/success_first"] <= 1.0

@@ -39,7 +39,7 @@ from vla_rl.learner import Learner, PPOConfig
 from vla_rl.policies.config import policy_preset
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.rollout import collect_rollout
+from vla_rl.rollout import collect_rollout, first_episode_mask
 
 CHECKPOINT_PREFIX = "iter_"
 
@@ -285,7 +285,8 @@ class Trainer:
 
     def _summary(self, m: dict) -> str:
         parts = [f"iter {m['iteration']:>4}"]
-        for key, label in [("rollout/success_once", "succ"), ("rollout/return", "ret"),
+        for key, label in [("rollout/success_once", "succ"), ("rollout/success_first", "succ1"),
+                           ("rollout/return", "ret"),
                            ("eval/success_once", "EVAL"), ("losses/policy", "pg"), ("losses/value", "vf"),
                            ("losses/approx_kl", "kl"), ("losses/clipfrac", "clip"),
                            ("time/env_steps_per_s", "sps"), ("time/peak_memory_mb", "MB")]:
@@ -336,6 +337,9 @@ class Trainer:
                 m["rollout/return"] = sum(eps["return"]) / k
                 m["rollout/episode_length"] = sum(eps["length"]) / k
                 m["rollout/episodes"] = k
+                first = [s for s, f in zip(eps["success_once"], first_episode_mask(eps["env_index"])) if f]
+                m["rollout/success_first"] = sum(first) / len(first)
+                m["rollout/first_episodes"] = len(first)
             m["rollout/chunk_reward"] = float(ro.rewards.mean())
             m.update(metrics)
             if self.iteration % cfg.eval_every == 0 or self.iteration == cfg.iterations:
