@@ -328,8 +328,9 @@ class WorkerVectorEnv:
             proc.join(timeout=5)
         self._start(w)
         sl = self.slices[w]
-        self.tracker.finish(torch.tensor([self._worker_of[j] == w for j in range(self.num_envs)]),
-                            torch.zeros(self.num_envs, dtype=torch.bool))
+        lost = torch.zeros(self.num_envs, dtype=torch.bool)
+        lost[sl[0]:sl[-1] + 1] = True
+        self.tracker.finish(lost, torch.zeros(self.num_envs, dtype=torch.bool))
         for j, instr in zip(sl, self._call({w: ("reset", [None if seed is None else seed + j - i
                                                           for j in sl])})[w]):
             self._instr[j] = instr
