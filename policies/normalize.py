@@ -73,15 +73,71 @@ class Stats:
 
 @dataclass
 class NormStats:
-    """Statistics of the state and the action, plus the mode they are applied in."""
+    """Statistics of the state and the action, the mode they are applied in, and the state dims the policy
+    does not see.
+
+    ``hidden_state`` lists env state dims that normalising sets to 0, in SFT, RL and evaluation alike (it
+    travels with the checkpoint). Why: a cloned policy can read the demonstrator's next action off its
+    current velocity (the "copycat" shortcut of imitation learning). On ManiSkill's PickCube the planner's
+    carry starts slowly, so a policy that sees joint velocities learns "slow -> stay slow" and crawls;
+    hiding the 9 joint velocities removes that stall (measured in benchmarks/RESULTS.md, PickCube).
+    """
 
     state: Stats
     action: Stats
     mode: Mode = "mean_std"
+    hidden_state: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        dim = self.state.mean.shape[0]
+        bad = [i for i in self.hidden_state if not 0 <= i < dim]
+        if bad:
+            raise ValueError(f"hidden state dims {bad} are outside the state's {dim} dims")
+        self.hidden_state = tuple(sorted(set(int(i) for i in self.hidden_state)))
+
+    def normalize_state(self, x: Tensor) -> Tensor:
+        """Normalised state, with the hidden dims set to 0 (the mean of a normalised dim)."""
+        x = self.state.normalize(x, self.mode)
+        if self.hidden_state:
+            keep = torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
+            keep[list(self.hidden_state)] = 0
+            x = x * keep
+        return x
 
     def to_tensors(self) -> dict[str, Tensor]:
         return {**self.state.to_dict("state"), **self.action.to_dict("action")}
 
     @staticmethod
-    def from_tensors(d: dict[str, Tensor], mode: Mode) -> NormStats:
-        return NormStats(Stats.from_dict(d, "state"), Stats.from_dict(d, "action"), mode)
+    def from_tensors(d: dict[str, Tensor], mode: Mode, hidden_state: tuple[int, ...] = ()) -> NormStats:
+        return NormStats(Stats.from_dict(d, "state"), Stats.from_dict(d, "action"), mode, tuple(hidden_state))
+
+
+def parse_dims(spec: str | int | list | tuple | None, dim: int) -> tuple[int, ...]:
+    """State dims from a user's spec: ``"9-17"`` (inclusive range), ``"9-17,20"``, ``[9, 10]`` or ``12``.
+
+    Ranges use ``-``, not python's ``9:18``: YAML (the CLI's override syntax) reads an unquoted ``9:18`` as
+    the base-60 number 558."""
+    if spec is None or spec == "" or (isinstance(spec, (list, tuple)) and not spec):
+        return ()
+    parts = spec.split(",") if isinstance(spec, str) else spec if isinstance(spec, (list, tuple)) else [spec]
+    dims: list[int] = []
+    for part in parts:
+        text = part.strip() if isinstance(part, str) else part
+        try:
+            if isinstance(text, bool):
+                raise ValueError
+            if isinstance(text, str) and "-" in text.lstrip("-"):
+                lo, hi = (int(x) for x in text.split("-"))
+                if lo > hi:
+                    raise ValueError
+                dims.extend(range(lo, hi + 1))
+            else:
+                dims.append(int(text))
+        except (TypeError, ValueError):
+            raise ValueError(f"bad state dim {part!r} in {spec!r}: use ints or inclusive 'a-b' ranges, "
+                             "e.g. '9-17'") from None
+    bad = sorted(d for d in dims if not 0 <= d < dim)
+    if bad:
+        raise ValueError(f"state dims {bad} are outside the state's {dim} dims (0..{dim - 1}); note that YAML "
+                         "reads an unquoted a:b as a base-60 number, write a range as 'a-b'")
+    return tuple(sorted(set(dims)))

@@ -61,7 +61,7 @@ class Actor:
         state = obs["state"].to(self.model.device, torch.float32)
         if state.shape[-1] != self.env_state_dim:
             raise ValueError(f"state has {state.shape[-1]} dims, expected {self.env_state_dim}")
-        state = self.norm.state.normalize(state, self.norm.mode)
+        state = self.norm.normalize_state(state)
         pad = self.model.cfg.state_dim - self.env_state_dim
         if pad:
             state = torch.nn.functional.pad(state, (0, pad))

@@ -92,7 +92,8 @@ def read_yaml_file(path: Path) -> dict:
 def policy_files(model: FlowPolicy, norm: NormStats, meta: dict | None = None) -> tuple[dict, dict]:
     """The tensors and YAML files of a policy folder (a training checkpoint adds its own to these)."""
     config = {"format_version": FORMAT_VERSION, "policy": to_dict(model.cfg),
-              "normalization": {"mode": norm.mode}, **(meta or {})}
+              "normalization": {"mode": norm.mode,
+                                "hidden_state_dims": list(norm.hidden_state)}, **(meta or {})}
     return {"model": model.state_dict(), "norm_stats": norm.to_tensors()}, {"config": config}
 
 
@@ -113,6 +114,9 @@ def load_policy(path: str | Path, device="cpu") -> tuple[FlowPolicy, NormStats, 
     try:
         cfg = from_dict(PolicyConfig, config.get("policy", {}), prefix="policy")
         mode = config["normalization"]["mode"]
+        hidden = config["normalization"].get("hidden_state_dims") or []
+        if not isinstance(hidden, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in hidden):
+            raise ValueError(f"normalization.hidden_state_dims must be a list of ints, got {hidden!r}")
     except (ConfigError, KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{path}/config.yaml: {e}") from None
     model = FlowPolicy(cfg)
@@ -127,7 +131,7 @@ def load_policy(path: str | Path, device="cpu") -> tuple[FlowPolicy, NormStats, 
                                   f"the config needs {tuple(v.shape)}")
     model.load_state_dict(state)
     try:
-        norm = NormStats.from_tensors(read_tensors(path / "norm_stats.safetensors"), mode)
+        norm = NormStats.from_tensors(read_tensors(path / "norm_stats.safetensors"), mode, tuple(hidden))
     except ValueError as e:
         raise CheckpointError(f"{path}: {e}") from None
     return model.to(device).eval(), norm, config

@@ -91,6 +91,9 @@ class SFTRunConfig:
     max_episodes: int | None = None        # few-shot: train on the first N episodes only (None: all)
     idle_threshold: float | None = None    # drop idle frames (arm |a| below this, gripper unchanged; see
                                            # data.idle_frames), e.g. 0.02 for ManiSkill motion-planner demos
+    hidden_state_dims: str | int | list[int] | None = None  # state dims the policy never sees (set to 0
+                                           # after normalising, here and in RL / eval): "9-17" hides
+                                           # ManiSkill Panda's joint velocities (see NormStats)
     eval_episodes: int = 100               # datasets that name their env (built-in, ManiSkill); 0 skips it
     eval_num_envs: int | None = None       # None: 100 built-in envs, 2 ManiSkill worker processes
     eval_seed: int | None = None           # None: 10_000 + seed (disjoint from the collection seeds)
@@ -150,7 +153,7 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True) ->
     from vla_rl.evaluate import evaluate
     from vla_rl.policies.config import policy_preset
     from vla_rl.policies.model import FlowPolicy, count_parameters
-    from vla_rl.policies.normalize import NormStats, Stats
+    from vla_rl.policies.normalize import NormStats, Stats, parse_dims
     from vla_rl.trainer import EnvConfig, make_env
 
     torch.manual_seed(cfg.seed)
@@ -181,7 +184,13 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True) ->
     if state_dim > pcfg.state_dim or action_dim > pcfg.action_dim:
         raise ConfigError(f"model '{cfg.model}' has state/action dims {pcfg.state_dim}/{pcfg.action_dim}, the "
                           f"dataset needs {state_dim}/{action_dim}")
-    norm = NormStats(Stats.of(data.state), Stats.of(data.action), cfg.norm)
+    try:
+        hidden = parse_dims(cfg.hidden_state_dims, state_dim)
+    except ValueError as e:
+        raise ConfigError(f"hidden_state_dims: {e}") from None
+    norm = NormStats(Stats.of(data.state), Stats.of(data.action), cfg.norm, hidden)
+    if hidden:
+        print(f"hidden state dims (the policy sees 0 there): {list(hidden)}")
     model = FlowPolicy(pcfg)
     actor = Actor(model, norm, env_state_dim=state_dim, env_action_dim=action_dim)
     print(f"policy '{cfg.model}': {count_parameters(model) / 1e6:.2f}M parameters; SFT for {cfg.steps} steps")
