@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -79,6 +79,12 @@ class EvalConfig:
     num_envs: int = 100
     device: str = "cpu"
     env: dict[str, Any] = field(default_factory=dict)  # fields of the checkpoint's env config to override
+    # The sampler: "ode" (deterministic given the initial noise; the default and what training evaluates
+    # with) or the stochastic policy RL trained: method=sde (with noise_level, sde_mode) or method=noise.
+    # An RL update can improve the stochastic policy before its ODE counterpart (RESULTS.md, PickCube).
+    method: Literal["ode", "sde", "noise"] = "ode"
+    noise_level: float = 0.5
+    sde_mode: Literal["all", "mixed"] = "mixed"
 
 
 def open_checkpoint(path: str | Path, *, env_overrides: dict, num_envs: int, device: torch.device,
@@ -108,14 +114,14 @@ def open_checkpoint(path: str | Path, *, env_overrides: dict, num_envs: int, dev
 
 
 def evaluate_checkpoint(path: str | Path, overrides: dict | None = None) -> dict[str, float]:
-    """Evaluate a policy or training checkpoint folder with the deterministic ODE sampler."""
+    """Evaluate a policy or training checkpoint folder (the ODE sampler unless ``method`` says otherwise)."""
     from vla_rl.config import from_dict
 
     cfg = from_dict(EvalConfig, dict(overrides or {}))
     actor, env = open_checkpoint(path, env_overrides=cfg.env, num_envs=min(cfg.num_envs, cfg.episodes),
                                  device=torch.device(cfg.device), seed=cfg.seed)
     try:
-        return evaluate(actor, env, num_episodes=cfg.episodes, sampler=SamplerConfig(cfg.num_steps, "ode"),
-                        execute=cfg.execute, seed=cfg.seed)
+        sampler = SamplerConfig(cfg.num_steps, cfg.method, noise_level=cfg.noise_level, sde_mode=cfg.sde_mode)
+        return evaluate(actor, env, num_episodes=cfg.episodes, sampler=sampler, execute=cfg.execute, seed=cfg.seed)
     finally:
         env.close()
