@@ -97,11 +97,9 @@ class NormStats:
 
     def normalize_state(self, x: Tensor) -> Tensor:
         """Normalised state, with the hidden dims set to 0 (the mean of a normalised dim)."""
-        x = self.state.normalize(x, self.mode)
+        x = self.state.normalize(x, self.mode)   # a new tensor: zeroing it in place touches no caller's data
         if self.hidden_state:
-            keep = torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
-            keep[list(self.hidden_state)] = 0
-            x = x * keep
+            x[..., list(self.hidden_state)] = 0
         return x
 
     def to_tensors(self) -> dict[str, Tensor]:

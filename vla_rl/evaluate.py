@@ -83,8 +83,8 @@ class EvalConfig:
     # with) or the stochastic policy RL trained: method=sde (with noise_level, sde_mode) or method=noise.
     # An RL update can improve the stochastic policy before its ODE counterpart (RESULTS.md, PickCube).
     method: Literal["ode", "sde", "noise"] = "ode"
-    noise_level: float = 0.5
-    sde_mode: Literal["all", "mixed"] = "mixed"
+    noise_level: float = SamplerConfig.noise_level
+    sde_mode: Literal["all", "mixed"] = SamplerConfig.sde_mode
 
 
 def open_checkpoint(path: str | Path, *, env_overrides: dict, num_envs: int, device: torch.device,
