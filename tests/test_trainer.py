@@ -62,7 +62,7 @@ def test_resumed_run_reproduces_the_uninterrupted_run(sft_checkpoint, tmp_path, 
     lines = (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["iteration"] for x in lines] == [0, 1, 2]
     ckpts = sorted(p.name for p in (tmp_path / "full" / "checkpoints").iterdir())
-    assert ckpts == ["iter_000001", "iter_000002"]
+    assert ckpts == ["best", "iter_000001", "iter_000002"]   # best: see test_best_checkpoint_...
     assert (tmp_path / "full" / "config.yaml").is_file()
 
 
@@ -391,3 +391,44 @@ def test_rollout_success_over_first_episodes_counts_every_env_once(sft_checkpoin
         assert h["rollout/first_episodes"] == 8
         assert h["rollout/episodes"] >= 8
         assert 0.0 <= h["rollout/success_first"] <= 1.0
+
+
+def test_best_checkpoint_is_the_best_evaluation_and_survives_resume(sft_checkpoint, tmp_path):
+    """checkpoints/best holds the weights of the first iteration with the highest evaluation so far, across
+    a resume, and is a policy folder ``vla-rl eval`` reads (it reproduces the recorded success)."""
+    from vla_rl.checkpoint import read_tensors, read_yaml_file
+    from vla_rl.evaluate import evaluate_checkpoint
+
+    # A large actor lr so the evaluations move; every checkpoint kept so each iteration's weights can be compared.
+    over = {"iterations": 2, "eval_episodes": 8, "keep_last": 10, "ppo": {"lr_actor": 3e-3, "update_epochs": 2,
+                                                                          "minibatches": 2}}
+    Trainer(config(sft_checkpoint, tmp_path, **over), log=lambda *_: None).run()
+    history = resume_trainer(tmp_path, overrides={"iterations": 5}, log=lambda *_: None).run()
+    evals = [(h["iteration"], h["eval/success_once"]) for h in history if "eval/success_once" in h]
+    assert [i for i, _ in evals] == [0, 1, 2, 3, 4, 5]
+    best_it = max(evals, key=lambda e: (e[1], -e[0]))[0]          # first iteration of the maximum
+    best = tmp_path / "checkpoints" / "best"
+    info = read_yaml_file(best / "best.yaml")
+    assert info["iteration"] == best_it and info["eval/success_once"] == dict(evals)[best_it]
+    source = sft_checkpoint if best_it == 0 else tmp_path / "checkpoints" / f"iter_{best_it:06d}"
+    want, got = read_tensors(source / "model.safetensors"), read_tensors(best / "model.safetensors")
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    again = evaluate_checkpoint(best, {"episodes": 8, "num_envs": 8})
+    assert again["eval/success_once"] == dict(evals)[best_it]
+
+
+def test_eval_method_train_evaluates_with_the_rollout_sampler(sft_checkpoint, tmp_path, monkeypatch):
+    import vla_rl.trainer as tr
+
+    seen, real = [], tr.evaluate
+    monkeypatch.setattr(tr, "evaluate", lambda *a, **k: seen.append(k["sampler"]) or real(*a, **k))
+    sampler = {"num_steps": 3, "method": "sde", "sde_mode": "all", "noise_level": 0.7}
+    Trainer(config(sft_checkpoint, tmp_path / "t", iterations=1, eval_method="train", keep_best=False,
+                   sampler=sampler), log=lambda *_: None).run()
+    Trainer(config(sft_checkpoint, tmp_path / "o", iterations=1, sampler=sampler), log=lambda *_: None).run()
+    assert [(s.method, s.num_steps, s.noise_level, s.sde_mode) for s in seen] == \
+        [("sde", 3, 0.7, "all")] * 2 + [("ode", 3, 0.7, "all")] * 2
+    assert not (tmp_path / "t" / "checkpoints" / "best").exists()     # keep_best=False
+    assert (tmp_path / "o" / "checkpoints" / "best" / "best.yaml").is_file()
+    with pytest.raises(ConfigError, match="eval_method"):
+        config(sft_checkpoint, tmp_path, eval_method="stochastic")

@@ -79,8 +79,8 @@ class EvalConfig:
     num_envs: int = 100
     device: str = "cpu"
     env: dict[str, Any] = field(default_factory=dict)  # fields of the checkpoint's env config to override
-    # The sampler: "ode" (deterministic given the initial noise; the default and what training evaluates
-    # with) or the stochastic policy RL trained: method=sde (with noise_level, sde_mode) or method=noise.
+    # The sampler: "ode" (deterministic given the initial noise; the default, as in training's evaluation
+    # by default) or the stochastic policy RL trained: method=sde (with noise_level, sde_mode) or method=noise.
     # An RL update can improve the stochastic policy before its ODE counterpart (RESULTS.md, PickCube).
     method: Literal["ode", "sde", "noise"] = "ode"
     noise_level: float = SamplerConfig.noise_level

@@ -72,6 +72,10 @@ class TrainConfig:
     eval_every: int = 5
     eval_episodes: int = 100
     eval_seed: int = 10_000
+    # "ode": the deterministic sampler a deployed policy uses. "train": the rollout sampler (sampler.method,
+    # its noise level and sde_mode), i.e. the stochastic policy PPO optimises; RL can lift that one first.
+    eval_method: Literal["ode", "train"] = "ode"
+    keep_best: bool = True               # also keep checkpoints/best: the policy of the best evaluation so far
     seed: int = 0
     device: str = "cpu"
     bf16: bool = False
@@ -84,6 +88,8 @@ class TrainConfig:
     def __post_init__(self):
         if self.execute < 1 or self.rollout_chunks < 1 or self.iterations < 0:
             raise ConfigError("execute and rollout_chunks must be >= 1, iterations >= 0")
+        if self.eval_method not in ("ode", "train"):
+            raise ConfigError(f"eval_method must be 'ode' or 'train', got {self.eval_method!r}")
 
 
 def make_env(cfg: EnvConfig, *, num_envs: int, device: torch.device, seed: int):
@@ -207,9 +213,18 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------
     # Checkpoints
     # ------------------------------------------------------------------------------------------------
+    def _policy_folder(self) -> tuple[dict, dict]:
+        """The files of a policy folder for the current weights, plus this run's ``train_config.yaml`` (which
+        tells ``vla-rl eval`` the env to build)."""
+        spec = self.env.spec
+        tensors, yamls = policy_files(self.actor.model, self.actor.norm,
+                                      {"env": {"kind": self.cfg.env.kind, "state_dim": spec.state_dim,
+                                               "action_dim": spec.action_dim}})
+        yamls["train_config"] = to_dict(self.cfg)
+        return tensors, yamls
+
     def save(self) -> Path:
         """Resume checkpoint: policy folder contents + optimizer + RNG + iteration (atomic)."""
-        model, norm = self.actor.model, self.actor.norm
         opt = self.learner.optimizer.state_dict()
         opt_tensors = {f"state.{pid}.{k}": v for pid, st in opt["state"].items() for k, v in st.items()
                        if torch.is_tensor(v)}
@@ -218,12 +233,9 @@ class Trainer:
         if torch.cuda.is_available():
             rng["torch_cuda"] = torch.cuda.get_rng_state()
         path = self.run_dir / "checkpoints" / f"{CHECKPOINT_PREFIX}{self.iteration:06d}"
-        spec = self.env.spec
-        tensors, yamls = policy_files(model, norm, {"env": {"kind": self.cfg.env.kind, "state_dim": spec.state_dim,
-                                                            "action_dim": spec.action_dim}})
+        tensors, yamls = self._policy_folder()
         tensors.update(optimizer=opt_tensors, rng=rng)
-        yamls.update(train_config=to_dict(self.cfg),
-                     trainer_state={"iteration": self.iteration, "skipped_steps": self.learner.skipped_steps,
+        yamls.update(trainer_state={"iteration": self.iteration, "skipped_steps": self.learner.skipped_steps,
                                     "param_groups": groups})
         write_atomic_folder(path, tensors=tensors, yamls=yamls)
         ckpts = sorted((self.run_dir / "checkpoints").glob(f"{CHECKPOINT_PREFIX}*"))
@@ -295,9 +307,31 @@ class Trainer:
         return " | ".join(parts)
 
     def evaluate(self) -> dict[str, float]:
-        return evaluate(self.actor, self.eval_env, num_episodes=self.cfg.eval_episodes,
-                        sampler=replace(self.cfg.sampler, method="ode"), execute=self.cfg.execute,
-                        seed=self.cfg.eval_seed)
+        sampler = self.cfg.sampler if self.cfg.eval_method == "train" else replace(self.cfg.sampler, method="ode")
+        return evaluate(self.actor, self.eval_env, num_episodes=self.cfg.eval_episodes, sampler=sampler,
+                        execute=self.cfg.execute, seed=self.cfg.eval_seed)
+
+    def _evaluate_and_keep_best(self) -> dict[str, float]:
+        """Evaluate; when ``keep_best`` and the success beats every earlier evaluation of this run (resumed
+        history included), save the policy to ``checkpoints/best`` (a policy folder: ``vla-rl eval``,
+        ``init=`` and export read it) with ``best.yaml`` saying which iteration it is.
+
+        Why: RL curves on few seeds are noisy and the last checkpoint is often not the best (PickCube
+        Flow-Noise: 0.83 at iteration 120, 0.77 at 150), and ``keep_last`` deletes the older ones. The pick is
+        made on the evaluation seeds, so it is optimistic; re-evaluate it on other seeds (``vla-rl eval
+        CKPT seed=...``) before quoting it."""
+        m = self.evaluate()
+        if not self.cfg.keep_best:
+            return m
+        earlier = [h["eval/success_once"] for h in self.history if "eval/success_once" in h]
+        if earlier and m["eval/success_once"] <= max(earlier):
+            return m
+        tensors, yamls = self._policy_folder()
+        yamls["best"] = {"iteration": self.iteration, "eval_method": self.cfg.eval_method,
+                         "eval_episodes": self.cfg.eval_episodes, "eval_seed": self.cfg.eval_seed,
+                         **{k: float(v) for k, v in m.items()}}
+        write_atomic_folder(self.run_dir / "checkpoints" / "best", tensors=tensors, yamls=yamls)
+        return m
 
     # ------------------------------------------------------------------------------------------------
     # The loop
@@ -311,9 +345,9 @@ class Trainer:
             yaml.safe_dump(to_dict(cfg), f, sort_keys=False)
         env_steps = sum(int(h.get("time/env_steps_iter", 0)) for h in self.history)
         if self.iteration == 0 and not self.history:
-            m = {"iteration": 0, "time/env_steps": 0, **self.evaluate()}
-            self.log(f"before RL: eval success {m['eval/success_once']:.3f} "
-                     f"(ODE, {cfg.eval_episodes} episodes)")
+            m = {"iteration": 0, "time/env_steps": 0, **self._evaluate_and_keep_best()}
+            how = "ODE" if cfg.eval_method == "ode" else f"{cfg.sampler.method} sampler"
+            self.log(f"before RL: eval success {m['eval/success_once']:.3f} ({how}, {cfg.eval_episodes} episodes)")
             self._record(m)
         bar = tqdm(range(self.iteration, cfg.iterations), desc="rl", disable=not cfg.progress, leave=False)
         for it in bar:
@@ -343,7 +377,7 @@ class Trainer:
             m["rollout/chunk_reward"] = float(ro.rewards.mean())
             m.update(metrics)
             if self.iteration % cfg.eval_every == 0 or self.iteration == cfg.iterations:
-                m.update(self.evaluate())
+                m.update(self._evaluate_and_keep_best())
             dt = time.perf_counter() - t0
             m["time/env_steps_per_s"] = ro.env_steps / t_roll
             m["time/iteration_s"] = dt
