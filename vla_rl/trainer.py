@@ -313,8 +313,10 @@ class Trainer:
 
     def _evaluate_and_keep_best(self) -> dict[str, float]:
         """Evaluate; when ``keep_best`` and the success beats every earlier evaluation of this run (resumed
-        history included), save the policy to ``checkpoints/best`` (a policy folder: ``vla-rl eval``,
-        ``init=`` and export read it) with ``best.yaml`` saying which iteration it is.
+        history included), save the policy to ``checkpoints/best`` (a policy folder: ``vla-rl eval`` and
+        ``init=`` read it) with ``best.yaml`` saying which iteration it is. A resume drops the metrics after its
+        checkpoint, so a best saved from those dropped iterations is replaced by the first that beats the kept
+        history.
 
         Why: RL curves on few seeds are noisy and the last checkpoint is often not the best (PickCube
         Flow-Noise: 0.83 at iteration 120, 0.77 at 150), and ``keep_last`` deletes the older ones. The pick is
