@@ -4,8 +4,8 @@
 
 Prints the evaluations (iteration, eval/success_once), then per block of BLOCK_SIZE (default 10) updates:
 rollout success over all ended episodes and over each env's first episode (rollout/success_first, the
-unbiased one), approx-KL, clip-fraction and explained variance. A resumed run logs its redone iterations
-again; the last record of each iteration is kept.
+unbiased one), approx-KL, clip-fraction and explained variance. Records of the same iteration (a file
+appended to across restarts) are merged, the later one's values winning.
 """
 
 import json
@@ -29,7 +29,6 @@ def main() -> None:
     h = [d[i] for i in sorted(d) if "losses/approx_kl" in d[i]]
     for a in range(0, len(h), size):
         b = h[a:a + size]
-
         m = {k: mean_of(b, k) for k in ("rollout/success_once", "rollout/success_first", "losses/approx_kl",
                                           "losses/clipfrac", "losses/explained_variance")}
         print(b[0]["iteration"], b[-1]["iteration"],

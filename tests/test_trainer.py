@@ -400,7 +400,9 @@ def test_best_checkpoint_is_the_best_evaluation_and_survives_resume(sft_checkpoi
     from vla_rl.evaluate import evaluate_checkpoint
 
     # A large actor lr so the evaluations move; every checkpoint kept so each iteration's weights can be compared.
-    over = {"iterations": 2, "eval_episodes": 8, "keep_last": 10, "ppo": {"lr_actor": 3e-3, "update_epochs": 2,
+    # Resumed after 4 of 5 iterations: with these seeds iteration 4 sets the maximum and 5 ties it, so a trainer
+    # that forgot the history before the resume would overwrite best with iteration 5.
+    over = {"iterations": 4, "eval_episodes": 8, "keep_last": 10, "ppo": {"lr_actor": 3e-3, "update_epochs": 2,
                                                                           "minibatches": 2}}
     Trainer(config(sft_checkpoint, tmp_path, **over), log=lambda *_: None).run()
     history = resume_trainer(tmp_path, overrides={"iterations": 5}, log=lambda *_: None).run()
