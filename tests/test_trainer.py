@@ -251,7 +251,18 @@ def test_actor_learning_rate_decay_by_hand():
     want = [1.0, (1 + math.sqrt(0.5)) / 2, 0.5, (1 - math.sqrt(0.5)) / 2, 0.0]
     assert all(math.isclose(g, w, abs_tol=1e-12) for g, w in zip(got, want, strict=True)), got
     assert actor_lr_scale(3, cos, None) == 1.0  # no run length known: no decay
-    for bad in ({"actor_lr_decay": "exp"}, {"actor_lr_final": 1.5}, {"actor_lr_final": -0.1}):
+    # linear from update 4 (after a ramp that ends at 1): 1 until 4, then to 0.2 at the last update (6)
+    late = PPOConfig(actor_lr_warmup_iters=2, actor_lr_decay="linear", actor_lr_final=0.2, actor_lr_decay_start=4)
+    got = [actor_lr_scale(i, late, 7) for i in range(8)]
+    want = [0.5, 1.0, 1.0, 1.0, 1.0, 0.6, 0.2, 0.2]
+    assert all(math.isclose(g, w) for g, w in zip(got, want, strict=True)), got
+    # step: the tenth PickCube attempt's schedule in one run (full lr to update 149, then 0.2 x lr)
+    step = PPOConfig(critic_warmup_iters=1, actor_lr_warmup_iters=2, actor_lr_decay="step", actor_lr_final=0.2,
+                     actor_lr_decay_start=4)
+    assert [actor_lr_scale(i, step) for i in range(7)] == [0.0, 0.5, 1.0, 1.0, 0.2, 0.2, 0.2]
+    assert [actor_lr_scale(i, step, 5) for i in range(7)] == [0.0, 0.5, 1.0, 1.0, 0.2, 0.2, 0.2]
+    for bad in ({"actor_lr_decay": "exp"}, {"actor_lr_final": 1.5}, {"actor_lr_final": -0.1},
+                {"actor_lr_decay": "step"}, {"actor_lr_decay_start": -1}):
         with pytest.raises(ConfigError, match="actor_lr_"):
             PPOConfig(**bad)
 

@@ -62,16 +62,26 @@ class PPOConfig:
     # After the warm-up the actor's learning rate may decay to `actor_lr_final` x lr_actor at the run's last
     # iteration: constant steps kept moving a policy that had already reached its best (built-in Flow-SDE
     # slipped from 0.91 to 0.80-0.86 over its last 100 of 200 iterations, RESULTS.md).
-    actor_lr_decay: Literal["constant", "linear", "cosine"] = "constant"
+    # `actor_lr_decay_start` delays the decay to that update (0-based): on PickCube a linear decay from the
+    # warm-up slowed the rise (+12/+14), while 150 updates at full lr and then 1e-5 gained +21 (RESULTS.md,
+    # tenth and eleventh attempts). `step` holds full lr until then and `actor_lr_final` x lr_actor after.
+    actor_lr_decay: Literal["constant", "linear", "cosine", "step"] = "constant"
     actor_lr_final: float = 0.1
+    actor_lr_decay_start: int = 0
     freeze_prefix: bool = False
     log_prob: LogProbConfig = LogProbConfig()
 
     def __post_init__(self):
         if not (math.isfinite(self.reward_scale) and self.reward_scale > 0):
             raise ConfigError(f"ppo.reward_scale must be a positive finite number, got {self.reward_scale}")
-        if self.actor_lr_decay not in ("constant", "linear", "cosine"):
-            raise ConfigError(f"ppo.actor_lr_decay must be constant, linear or cosine, got {self.actor_lr_decay!r}")
+        if self.actor_lr_decay not in ("constant", "linear", "cosine", "step"):
+            raise ConfigError("ppo.actor_lr_decay must be constant, linear, cosine or step, "
+                              f"got {self.actor_lr_decay!r}")
+        if not (isinstance(self.actor_lr_decay_start, int) and self.actor_lr_decay_start >= 0):
+            raise ConfigError(f"ppo.actor_lr_decay_start is an update index >= 0, got {self.actor_lr_decay_start!r}")
+        if self.actor_lr_decay == "step" and self.actor_lr_decay_start == 0:
+            raise ConfigError("ppo.actor_lr_decay=step needs ppo.actor_lr_decay_start: the update (0-based) "
+                              "from which the actor lr is actor_lr_final x lr_actor")
         if not (0.0 <= self.actor_lr_final <= 1.0):
             raise ConfigError(f"ppo.actor_lr_final is a fraction of lr_actor in [0, 1], got {self.actor_lr_final}")
 
@@ -228,16 +238,20 @@ def actor_lr_scale(iteration: int, cfg: PPOConfig, total_iterations: int | None 
     """Factor on ``lr_actor`` at ``iteration`` (0-based; a function of the iteration alone, so a resumed run
     continues the same schedule): 0 during the critic warm-up, then a linear ramp over
     ``actor_lr_warmup_iters`` iterations (1/n, 2/n, ..., 1), then 1, or, with ``actor_lr_decay`` linear or
-    cosine and ``total_iterations`` given, a decay from 1 after the ramp to ``actor_lr_final`` at the last
-    iteration (``total_iterations - 1``)."""
+    cosine and ``total_iterations`` given, a decay from 1 after the ramp (or from ``actor_lr_decay_start``,
+    if later) to ``actor_lr_final`` at the last iteration (``total_iterations - 1``); with ``step``, 1 until
+    ``actor_lr_decay_start`` and ``actor_lr_final`` from it on (no run length needed)."""
     k = iteration - cfg.critic_warmup_iters
     if k < 0:
         return 0.0
     if cfg.actor_lr_warmup_iters > 0 and k + 1 < cfg.actor_lr_warmup_iters:
         return (k + 1) / cfg.actor_lr_warmup_iters
+    if cfg.actor_lr_decay == "step":
+        return 1.0 if iteration < cfg.actor_lr_decay_start else cfg.actor_lr_final
     if cfg.actor_lr_decay == "constant" or total_iterations is None:
         return 1.0
-    start = cfg.critic_warmup_iters + max(cfg.actor_lr_warmup_iters - 1, 0)  # first iteration at full lr
+    start = max(cfg.critic_warmup_iters + max(cfg.actor_lr_warmup_iters - 1, 0),  # first iteration at full lr
+                cfg.actor_lr_decay_start)
     span = total_iterations - 1 - start
     frac = 1.0 if span <= 0 else min(1.0, max(0.0, (iteration - start) / span))
     if cfg.actor_lr_decay == "linear":
