@@ -251,6 +251,24 @@ def _action_bounds(space) -> tuple[float, float]:
 
 
 # ----------------------------------------------------------------------------------------------------
+def observe_after_reset(base):
+    """The observation of the state a ManiSkill ``reset`` just set, with the contacts of *that* state
+    (``base``: the unwrapped env; every env's state is kept).
+
+    Why: ManiSkill's reset computes its observation without a physics step, and contact queries
+    (PickCube's ``is_grasped``, StackCube's ``is_cubeA_grasped``) report the last step's contacts, i.e. the
+    previous episode's. After an episode that ended holding the cube, the next one began with
+    ``is_grasped = 1``: evaluation rounds after the first, and every training iteration, depended on what the
+    env did before (measured on PickCube: the same policy on the same seeds read -77.1 then -80.8 mean
+    return; with this, -77.44 then -77.48). One physics step from the reset state refreshes the contacts,
+    and the state is then put back, so the episode itself is unchanged. On the GPU backend the step runs
+    every env, and all of them are put back."""
+    state = base.get_state_dict()
+    base.scene.step()
+    base.set_state_dict(state)    # on physx_cuda this also applies and fetches the GPU buffers
+    return base.get_obs(base.get_info())
+
+
 class ManiSkillSingleEnv:
     """One ManiSkill env on the CPU backend, numpy in / numpy out (the single-env protocol of
     :mod:`envs.workers`). Several can share a process: each has its own scene and physics system."""
@@ -279,10 +297,10 @@ class ManiSkillSingleEnv:
                 "instruction": self.instruction}
 
     def reset(self, seed: int | None = None) -> dict:
-        """Start an episode; the same seed gives the same episode."""
-        raw, _ = self.env.reset(seed=seed)
+        """Start an episode; the same seed gives the same episode, whatever the env did before."""
+        self.env.reset(seed=seed)
         self._t = 0
-        return self._obs(raw)
+        return self._obs(observe_after_reset(self.env.unwrapped))
 
     def step(self, action: np.ndarray) -> tuple[dict, float, bool, bool, bool]:
         """One action ``[A]`` -> (obs, reward, terminated, truncated, success)."""
@@ -365,7 +383,8 @@ class ManiSkillGPUEnv:
     def reset(self, seed: int | None = None, *, group_size: int = 1) -> dict:
         """Reset every env; env ``i`` gets seed ``seed + i // group_size`` (default seed: the constructor's)."""
         base = self.seed if seed is None else seed
-        raw, _ = self.env.reset(seed=[base + i // group_size for i in range(self.num_envs)])
+        self.env.reset(seed=[base + i // group_size for i in range(self.num_envs)])
+        raw = observe_after_reset(self.env.unwrapped)
         self._t.zero_()
         self.tracker = EpisodeTracker(self.num_envs, self.device)
         return self._observe(raw)
@@ -415,7 +434,8 @@ class ManiSkillGPUEnv:
             final_obs = {**final, "instruction": list(self.instructions)}
             episodes = self.tracker.finish(done, success)
             idx = done.nonzero(as_tuple=True)[0]
-            raw, _ = self.env.reset(options={"env_idx": idx})
+            self.env.reset(options={"env_idx": idx})
+            raw = observe_after_reset(self.env.unwrapped)
             self._t[idx] = 0
         return ChunkStep(obs=self._observe(raw), rewards=rewards, terminated=terminated, truncated=truncated,
                          success=success, steps=steps, final_obs=final_obs, episodes=episodes)

@@ -153,6 +153,29 @@ def test_same_seed_same_episode(pick):
     assert not np.array_equal(other, obs_a[0]["state"])
 
 
+def _grasp_the_cube(pick):
+    """Put PickCube's cube between the open fingers and close them: the episode ends holding it."""
+    base = pick.env.unwrapped
+    base.cube.set_pose(base.agent.tcp.pose)
+    close = np.zeros(7, np.float32)
+    close[-1] = -1
+    for _ in range(5):
+        pick.step(close)
+    assert bool(base.agent.is_grasping(base.cube)[0])   # the premise: the gripper holds the cube
+
+
+@sim
+def test_reset_after_a_grasp_observes_the_new_state_not_the_old_contacts(pick):
+    # ManiSkill's reset reads the last step's contacts: without a refresh the next episode began with
+    # is_grasped = 1 (state index 18), and a seed's first observation depended on the previous episode.
+    fresh = pick.reset(3)["state"].copy()
+    assert fresh[18] == 0
+    _grasp_the_cube(pick)
+    np.testing.assert_array_equal(pick.reset(3)["state"], fresh)
+    _grasp_the_cube(pick)
+    assert pick.reset(None)["state"][18] == 0   # the worker's reset after an episode ends
+
+
 @sim
 def test_sparse_reward_is_success_and_dense_is_shaped(pick, push_dense):
     pick.reset(0)
@@ -309,6 +332,24 @@ def test_gpu_env_passes_the_contract(obs_mode):
         check_env_contract(env, horizon=4)
         obs = env.reset(seed=0)
         assert obs["state"].device.type == "cuda" and obs["images"].device.type == "cuda"
+    finally:
+        env.close()
+
+
+@pytest.mark.gpu
+def test_gpu_reset_after_a_grasp_observes_the_new_state_not_the_old_contacts():
+    cfg = ManiSkillConfig(task="PickCube-v1")
+    env = make_maniskill_env(cfg, 2, device="cuda", seed=0)
+    try:
+        fresh = env.reset(seed=3)["state"].clone()
+        assert (fresh[:, 18] == 0).all()
+        base = env.env.unwrapped
+        base.cube.set_pose(base.agent.tcp.pose)
+        close = torch.zeros(2, 5, 7, device="cuda")
+        close[..., -1] = -1
+        env.step(close)
+        assert bool(base.agent.is_grasping(base.cube).all())
+        torch.testing.assert_close(env.reset(seed=3)["state"], fresh)
     finally:
         env.close()
 
