@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -241,6 +241,45 @@ def read_maniskill_h5(h5: str | Path, *, instruction: str | None = None,
                        frame_index=torch.from_numpy(np.concatenate(fr_idx)),
                        task_index=torch.zeros(m, dtype=torch.long), tasks=[text])
 
+def reobserve_first_frames(data: DemoDataset, h5: str | Path, env_cfg, *, log=print) -> DemoDataset:
+    """``data`` (read from ``h5``) with each episode's first state taken from the live adapter
+    (:class:`~vla_rl.envs.maniskill.ManiSkillSingleEnv` with ``env_cfg``) reset with the episode's seed.
+
+    Why: ManiSkill's converter records each episode's first observation right after a reset, which reports
+    the previous episode's contacts (see :func:`vla_rl.envs.maniskill.observe_after_reset`): 299 of 300
+    PickCube planner demos began with ``is_grasped = 1``, a state the adapter never shows at a reset, so
+    SFT learned its first chunk from an input RL and evaluation never give it. The recorded and the
+    re-observed frame must agree on all but a few entries (the contact flags); more differences mean the
+    seed does not give the recorded episode, and that is an error."""
+    from vla_rl.envs.maniskill import ManiSkillSingleEnv
+
+    info = read_trajectory_info(h5)
+    episodes = [e for e in info.episodes if e.get("success", True)][:data.num_episodes]
+    state = data.state.clone()
+    dim = state.shape[1]
+    changed = 0
+    env = ManiSkillSingleEnv(env_cfg)
+    try:
+        for e, ep in enumerate(episodes):
+            seed = (ep.get("reset_kwargs") or {}).get("seed", ep.get("episode_seed"))
+            if seed is None:
+                raise ManiSkillDemoError(f"{h5}: episode {ep.get('episode_id')} names no reset seed")
+            row = int(((data.episode_index == e) & (data.frame_index == 0)).nonzero()[0, 0])
+            fresh = torch.from_numpy(env.reset(int(seed))["state"])
+            differs = (fresh - state[row]).abs() > 1e-4
+            if int(differs.sum()) > max(2, dim // 20):
+                raise ManiSkillDemoError(
+                    f"{h5}: episode {ep.get('episode_id')}'s first observation differs from a reset with seed "
+                    f"{seed} in {int(differs.sum())} of {dim} entries; the seed does not give this episode")
+            changed += bool(differs.any())
+            state[row] = fresh
+    finally:
+        env.close()
+    log(f"{info.task}: first observation re-read at reset for {len(episodes)} episodes; {changed} had stale "
+        "contact entries")
+    return replace(data, state=state)
+
+
 def episode_limit(task: str, demo_lengths: list[int], given: int | None) -> int:
     """The time limit evaluations and RL use for a demo-trained policy: ``given``, else the task's
     registered limit, raised to 1.5 x the longest demo (rounded up to 10) where the planner's demos are
@@ -292,6 +331,7 @@ def collect_maniskill(out: str | Path, *, task: str, episodes: int, seed: int = 
     lengths = torch.bincount(data.episode_index).tolist()
     env_cfg = demo_env_config(data, task=task, control_mode=control_mode, obs_mode=obs_mode,
                               max_episode_steps=max_episode_steps)
+    data = reobserve_first_frames(data, converted, env_cfg, log=log)
     log(f"{task}: demo lengths {min(lengths)}-{max(lengths)} steps; episode limit {env_cfg.max_episode_steps}")
     cameras = [f"camera{c}" for c in range(data.images.shape[1])]
     if obs_mode == "rgb":   # ManiSkill's camera names, in the order the adapter stacks them
