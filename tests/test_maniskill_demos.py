@@ -22,6 +22,7 @@ from vla_rl.maniskill_demos import (
     episode_limit,
     read_maniskill_h5,
     read_trajectory_info,
+    refresh_dataset_first_frames,
     reobserve_first_frames,
 )
 
@@ -85,6 +86,29 @@ def test_first_frames_are_reobserved_at_reset_and_a_wrong_seed_is_an_error(pushc
     swapped[first[1]] = data.state[first[0]]   # episode 1's first frame is episode 0's: not its seed's state
     with pytest.raises(ManiSkillDemoError, match="differs from a reset with seed 4"):
         reobserve_first_frames(type(data)(**{**data.__dict__, "state": swapped}), h5, cfg)
+
+
+def test_an_older_dataset_is_refreshed_from_its_source_file(pushcube, tmp_path):
+    out, h5 = pushcube
+    new = refresh_dataset_first_frames(out, tmp_path / "fresh", log=lambda *_: None)
+    a, b = read_lerobot_dataset(out), read_lerobot_dataset(new)
+    torch.testing.assert_close(b.state, a.state, rtol=0, atol=1e-6)   # PushCube has no contact entries
+    assert torch.equal(b.action, a.action)
+    assert read_lerobot_info(new)["vla_rl"]["first_frames"] == "re-observed at reset"
+    with pytest.raises(ManiSkillDemoError, match="was not written by"):
+        refresh_dataset_first_frames(_plain_copy(out, tmp_path / "plain"), tmp_path / "x")
+
+
+def _plain_copy(dataset, dest):
+    """``dataset`` with the ``vla_rl`` entry taken out of its info.json (a dataset from elsewhere)."""
+    import shutil
+
+    shutil.copytree(dataset, dest)
+    info_path = dest / "meta" / "info.json"
+    info = json.loads(info_path.read_text())
+    info.pop("vla_rl")
+    info_path.write_text(json.dumps(info))
+    return dest
 
 
 @pytest.mark.slow   # plans two PickCube demos: ~40 s

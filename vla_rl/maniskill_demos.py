@@ -280,6 +280,35 @@ def reobserve_first_frames(data: DemoDataset, h5: str | Path, env_cfg, *, log=pr
     return replace(data, state=state)
 
 
+def refresh_dataset_first_frames(dataset: str | Path, out: str | Path, *, log=print) -> Path:
+    """Rewrite a dataset ``vla-rl collect maniskill`` wrote before :func:`reobserve_first_frames` existed
+    into ``out``, from the ManiSkill file it names (info.json ``vla_rl.source``), first frames re-observed.
+    State datasets only; the actions and every later frame must equal the dataset's, else an error."""
+    from vla_rl.config import from_dict
+    from vla_rl.envs.maniskill import ManiSkillConfig
+    from vla_rl.lerobot import read_lerobot_dataset, read_lerobot_info, write_lerobot_dataset
+
+    info = read_lerobot_info(dataset)
+    meta = info.get("vla_rl") or {}
+    if meta.get("env") != "maniskill" or not meta.get("source") or not meta.get("env_config"):
+        raise ManiSkillDemoError(f"{dataset} was not written by `vla-rl collect maniskill` (its info.json "
+                                 "names no ManiSkill source file and env)")
+    env_cfg = from_dict(ManiSkillConfig, meta["env_config"], prefix="env_config")
+    if env_cfg.obs_mode != "state":
+        raise ManiSkillDemoError(f"{dataset} has {env_cfg.obs_mode!r} observations; only state datasets are "
+                                 "refreshed here (collect rgb demos again instead)")
+    old = read_lerobot_dataset(dataset)
+    data = read_maniskill_h5(meta["source"], max_episodes=old.num_episodes)
+    later = data.frame_index > 0
+    if data.state.shape != old.state.shape or not torch.equal(data.action, old.action) \
+            or not torch.equal(data.state[later], old.state[later]):
+        raise ManiSkillDemoError(f"{meta['source']} does not hold {dataset}'s frames")
+    data = reobserve_first_frames(data, meta["source"], env_cfg, log=log)
+    extra = {"vla_rl": {**meta, "first_frames": "re-observed at reset", "refreshed_from": str(dataset)}}
+    return write_lerobot_dataset(out, data, fps=info["fps"], camera_names=[], robot_type=info.get("robot_type"),
+                                 extra_info=extra)
+
+
 def episode_limit(task: str, demo_lengths: list[int], given: int | None) -> int:
     """The time limit evaluations and RL use for a demo-trained policy: ``given``, else the task's
     registered limit, raised to 1.5 x the longest demo (rounded up to 10) where the planner's demos are
