@@ -7,6 +7,7 @@ One module-scoped collection of 2 PushCube demos (~20 s) serves every test.
 import importlib.util
 import json
 import os
+from dataclasses import replace
 
 import h5py
 import numpy as np
@@ -80,12 +81,12 @@ def test_first_frames_are_reobserved_at_reset_and_a_wrong_seed_is_an_error(pushc
     first = (data.frame_index == 0).nonzero().flatten()
     stale = data.state.clone()
     stale[first[1], 20] += 1.0          # what a stale contact entry looks like: one value off
-    fixed = reobserve_first_frames(type(data)(**{**data.__dict__, "state": stale}), h5, cfg, log=lambda *_: None)
+    fixed = reobserve_first_frames(replace(data, state=stale), h5, cfg, log=lambda *_: None)
     torch.testing.assert_close(fixed.state, data.state, rtol=0, atol=1e-6)
     swapped = data.state.clone()
     swapped[first[1]] = data.state[first[0]]   # episode 1's first frame is episode 0's: not its seed's state
     with pytest.raises(ManiSkillDemoError, match="differs from a reset with seed 4"):
-        reobserve_first_frames(type(data)(**{**data.__dict__, "state": swapped}), h5, cfg)
+        reobserve_first_frames(replace(data, state=swapped), h5, cfg)
 
 
 def test_an_older_dataset_is_refreshed_from_its_source_file(pushcube, tmp_path):

@@ -189,6 +189,12 @@ def _frames(obs, where: str) -> tuple[np.ndarray, np.ndarray]:
     return images, np.concatenate(parts, axis=1)
 
 
+def kept_episodes(info: ManiSkillTrajectoryInfo, max_episodes: int | None = None) -> list[dict]:
+    """The ``.json`` entries of the episodes :func:`read_maniskill_h5` reads, in its order: the successful
+    ones, the first ``max_episodes`` of them."""
+    return [ep for ep in info.episodes if ep.get("success", True)][:max_episodes]
+
+
 def read_maniskill_h5(h5: str | Path, *, instruction: str | None = None,
                       max_episodes: int | None = None) -> DemoDataset:
     """A ManiSkill trajectory file as a :class:`DemoDataset`, instruction from the task id.
@@ -210,11 +216,7 @@ def read_maniskill_h5(h5: str | Path, *, instruction: str | None = None,
     except OSError as e:
         raise ManiSkillDemoError(f"{h5} is not a readable HDF5 file ({e})") from e
     with f:
-        for ep in info.episodes:
-            if max_episodes is not None and len(states) >= max_episodes:
-                break
-            if not ep.get("success", True):
-                continue
+        for ep in kept_episodes(info, max_episodes):
             key = f"traj_{ep['episode_id']}"
             if key not in f:
                 raise ManiSkillDemoError(f"{h5}: episode {key} is listed in the .json but missing")
@@ -254,17 +256,17 @@ def reobserve_first_frames(data: DemoDataset, h5: str | Path, env_cfg, *, log=pr
     from vla_rl.envs.maniskill import ManiSkillSingleEnv
 
     info = read_trajectory_info(h5)
-    episodes = [e for e in info.episodes if e.get("success", True)][:data.num_episodes]
+    episodes = kept_episodes(info, data.num_episodes)
+    first_rows = (data.frame_index == 0).nonzero().flatten().tolist()   # episode order, as stored
     state = data.state.clone()
     dim = state.shape[1]
     changed = 0
     env = ManiSkillSingleEnv(env_cfg)
     try:
-        for e, ep in enumerate(episodes):
+        for row, ep in zip(first_rows, episodes, strict=True):
             seed = (ep.get("reset_kwargs") or {}).get("seed", ep.get("episode_seed"))
             if seed is None:
                 raise ManiSkillDemoError(f"{h5}: episode {ep.get('episode_id')} names no reset seed")
-            row = int(((data.episode_index == e) & (data.frame_index == 0)).nonzero()[0, 0])
             fresh = torch.from_numpy(env.reset(int(seed))["state"])
             differs = (fresh - state[row]).abs() > 1e-4
             if int(differs.sum()) > max(2, dim // 20):
