@@ -154,8 +154,8 @@ def test_eval_with_the_stochastic_samplers(sft_checkpoint, monkeypatch, capsys):
     """``vla-rl eval CKPT method=noise`` (or sde) evaluates the stochastic policy RL trains; ODE by default."""
     import vla_rl.evaluate as ev
 
-    seen, real = [], ev.evaluate
-    monkeypatch.setattr(ev, "evaluate", lambda *a, **k: seen.append(k["sampler"]) or real(*a, **k))
+    seen, real = [], ev.evaluate_episodes
+    monkeypatch.setattr(ev, "evaluate_episodes", lambda *a, **k: seen.append(k["sampler"]) or real(*a, **k))
     base = {"episodes": 4, "num_envs": 4}
     m_ode = ev.evaluate_checkpoint(sft_checkpoint, base)
     m_sde = ev.evaluate_checkpoint(sft_checkpoint, {**base, "method": "sde", "noise_level": 0.8,

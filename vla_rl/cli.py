@@ -54,6 +54,20 @@ def _eval(args) -> int:
     return 0
 
 
+def _compare(args) -> int:
+    from vla_rl.paired import EpisodeFileError, compare, format_result, load_side
+
+    try:
+        base = load_side([f for f in args.base.split(",") if f])
+        new = load_side([f for f in args.new.split(",") if f])
+        result = compare(base, new, args.metric)
+    except EpisodeFileError as e:
+        print(f"vla-rl: {e}", file=sys.stderr)
+        return 2
+    print(format_result(result, args.base, args.new))
+    return 0
+
+
 def _eval_libero(args) -> int:
     from vla_rl.envs.libero import LiberoNotInstalled
     from vla_rl.libero_eval import LiberoEvalConfig, evaluate_libero_checkpoint
@@ -126,6 +140,17 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("overrides", nargs="*", help="key=value overrides")
     ev.set_defaults(func=_eval)
 
+    cmp_ = sub.add_parser("compare", help="paired difference of two policies' evaluations on the same episodes",
+                          description="BASE and NEW are `vla-rl eval CKPT out=FILE.json` files (comma-separated "
+                                      "to pool several, e.g. the 10k and 20k seed blocks); episodes pair by "
+                                      "(reset seed, env index). Prints both rates, the difference with its "
+                                      "paired standard error, and an exact sign test.")
+    cmp_.add_argument("base", help="evaluation file(s) of the reference policy, e.g. the SFT checkpoint")
+    cmp_.add_argument("new", help="evaluation file(s) of the policy to compare, e.g. after RL")
+    cmp_.add_argument("--metric", default="success_once",
+                      help="success_once (default), success_at_end, return or length")
+    cmp_.set_defaults(func=_compare)
+
     col = sub.add_parser("collect", help="record scripted-expert demos as a LeRobot v3.0 dataset",
                          description="KIND builtin: the scripted expert; overrides episodes=50 seed=0 noise=0.1 "
                                      "env.layout=shuffled env.control=delta ... KIND maniskill: ManiSkill's "
@@ -155,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if extra:
+        if not hasattr(args, "overrides"):   # `compare` takes no key=value overrides
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides.extend(extra)
     # `vla-rl train key=value --resume DIR`: a first positional with '=' is an override, not a config.
     if getattr(args, "config", None) and "=" in args.config:

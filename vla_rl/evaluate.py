@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass, field
+import os
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,31 +43,47 @@ def first_episodes(actor: Actor, env, *, seed: int, count: int, sampler: Sampler
 
 
 @torch.inference_mode()
-def evaluate(actor: Actor, env, *, num_episodes: int, sampler: SamplerConfig | None = None,
-             execute: int | None = None, seed: int = 1000, prefix: str = "eval") -> dict[str, float]:
-    """Success rate and returns over ``num_episodes`` episodes.
+def evaluate_episodes(actor: Actor, env, *, num_episodes: int, sampler: SamplerConfig | None = None,
+                      execute: int | None = None, seed: int = 1000) -> list[dict[str, float | int]]:
+    """Each of ``num_episodes`` episodes' metrics, with where it came from: ``reset_seed`` (its round's
+    reset seed) and ``env_index``. The same (reset_seed, env_index) with the same ``env.num_envs`` is the same
+    initial state, so two policies' records pair episode by episode (:mod:`vla_rl.paired`).
 
-    Counting only each env's first episode (rather than whatever ends first) keeps short, successful
-    episodes from being over-represented. Round ``r`` of ``env.num_envs`` episodes resets with seed
-    ``seed + r * num_envs`` (fixed seeds: a result is reproducible). ``execute`` actions of each chunk are
-    run (default: the whole chunk).
-
-    Why that stride: worker envs (ManiSkill, LIBERO) give env ``i`` the seed ``seed + i``, so the earlier
-    ``seed + r`` made the rounds overlap; 100 episodes on 16 ManiSkill workers then covered only 22
-    distinct initial states (seeds ``seed`` .. ``seed + 21``).
-    """
+    Round ``r`` of ``env.num_envs`` episodes resets with seed ``seed + r * num_envs`` (fixed seeds: a result
+    is reproducible); ``execute`` actions of each chunk are run (default: the whole chunk). Why that stride:
+    worker envs (ManiSkill, LIBERO) give env ``i`` the seed ``seed + i``, so the earlier ``seed + r`` made the
+    rounds overlap; 100 episodes on 16 ManiSkill workers then covered only 22 distinct initial states."""
     sampler = sampler or SamplerConfig()
     n = env.num_envs
     gen = torch.Generator(device=actor.model.device)
-    results: dict[str, list[float]] = {k: [] for k in EPISODE_METRICS}
+    records: list[dict[str, float | int]] = []
     for r in range(math.ceil(num_episodes / n)):
-        ep = first_episodes(actor, env, seed=seed + r * n, count=min(n, num_episodes - r * n), sampler=sampler,
-                            execute=execute, generator=gen)
-        for k in results:
-            results[k].extend(ep[k].tolist())
-    metrics = {f"{prefix}/{k}": sum(v) / num_episodes for k, v in results.items()}
-    metrics[f"{prefix}/episodes"] = float(num_episodes)
+        round_seed, count = seed + r * n, min(n, num_episodes - r * n)
+        ep = first_episodes(actor, env, seed=round_seed, count=count, sampler=sampler, execute=execute,
+                            generator=gen)
+        for i in range(count):
+            records.append({"reset_seed": round_seed, "env_index": i, **{k: float(ep[k][i]) for k in EPISODE_METRICS}})
+    return records
+
+
+def summarize(records: list[dict], prefix: str = "eval") -> dict[str, float]:
+    """Means of :data:`EPISODE_METRICS` over ``records`` and their count, as ``{prefix}/{metric}``."""
+    if not records:
+        raise ValueError("no episodes to summarize")
+    metrics = {f"{prefix}/{k}": sum(r[k] for r in records) / len(records) for k in EPISODE_METRICS}
+    metrics[f"{prefix}/episodes"] = float(len(records))
     return metrics
+
+
+@torch.inference_mode()
+def evaluate(actor: Actor, env, *, num_episodes: int, sampler: SamplerConfig | None = None,
+             execute: int | None = None, seed: int = 1000, prefix: str = "eval") -> dict[str, float]:
+    """Success rate and returns over ``num_episodes`` episodes (:func:`evaluate_episodes`, averaged).
+
+    Counting only each env's first episode (rather than whatever ends first) keeps short, successful
+    episodes from being over-represented."""
+    records = evaluate_episodes(actor, env, num_episodes=num_episodes, sampler=sampler, execute=execute, seed=seed)
+    return summarize(records, prefix)
 
 
 @dataclass(frozen=True)
@@ -85,6 +103,9 @@ class EvalConfig:
     method: Literal["ode", "sde", "noise"] = "ode"
     noise_level: float = SamplerConfig.noise_level
     sde_mode: Literal["all", "mixed"] = SamplerConfig.sde_mode
+    # A JSON file for the per-episode results (seed, env index, success, return, length) and the summary:
+    # `vla-rl compare` pairs two such files episode by episode.
+    out: str | None = None
 
 
 def open_checkpoint(path: str | Path, *, env_overrides: dict, num_envs: int, device: torch.device,
@@ -92,17 +113,12 @@ def open_checkpoint(path: str | Path, *, env_overrides: dict, num_envs: int, dev
     """A policy or training checkpoint folder's policy as an :class:`Actor` on ``device``, and ``num_envs``
     of the env it was made for: a training checkpoint's ``train_config.yaml``, else the one an SFT policy was
     trained for, with ``env_overrides`` (fields of :class:`~vla_rl.trainer.EnvConfig`) on top."""
-    from vla_rl.checkpoint import load_policy, read_yaml_file
-    from vla_rl.config import from_dict, merge
-    from vla_rl.trainer import EnvConfig, make_env
+    from vla_rl.checkpoint import load_policy
+    from vla_rl.trainer import make_env
 
     path = Path(path)
-    model, norm, config = load_policy(path)
-    env_dict: dict = dict(config.get("env_config") or {})
-    if (path / "train_config.yaml").is_file():
-        env_dict = read_yaml_file(path / "train_config.yaml").get("env", {})
-    env_cfg = from_dict(EnvConfig, merge(env_dict, env_overrides), prefix="env")
-    env = make_env(env_cfg, num_envs=num_envs, device=device, seed=seed)
+    model, norm, _ = load_policy(path)
+    env = make_env(_env_config(path, env_overrides), num_envs=num_envs, device=device, seed=seed)
     try:
         spec = env.spec
         actor = Actor(model.to(device), norm, env_state_dim=spec.state_dim, env_action_dim=spec.action_dim,
@@ -113,15 +129,63 @@ def open_checkpoint(path: str | Path, *, env_overrides: dict, num_envs: int, dev
     return actor, env
 
 
+def _env_config(path: Path, env_overrides: dict):
+    """The env a checkpoint folder was made for: a training checkpoint's ``train_config.yaml``, else the one
+    an SFT policy was trained for (its saved config), with ``env_overrides`` on top."""
+    from vla_rl.checkpoint import read_yaml_file
+    from vla_rl.config import from_dict, merge
+    from vla_rl.trainer import EnvConfig
+
+    if (path / "train_config.yaml").is_file():
+        env_dict = read_yaml_file(path / "train_config.yaml").get("env", {})
+    else:
+        env_dict = dict(read_yaml_file(path / "config.yaml").get("env_config") or {})
+    return from_dict(EnvConfig, merge(env_dict, env_overrides), prefix="env")
+
+
 def evaluate_checkpoint(path: str | Path, overrides: dict | None = None) -> dict[str, float]:
-    """Evaluate a policy or training checkpoint folder (the ODE sampler unless ``method`` says otherwise)."""
+    """Evaluate a policy or training checkpoint folder (the ODE sampler unless ``method`` says otherwise);
+    with ``out`` set, also write the per-episode results there (:func:`write_episode_file`)."""
     from vla_rl.config import from_dict
 
     cfg = from_dict(EvalConfig, dict(overrides or {}))
-    actor, env = open_checkpoint(path, env_overrides=cfg.env, num_envs=min(cfg.num_envs, cfg.episodes),
-                                 device=torch.device(cfg.device), seed=cfg.seed)
+    num_envs = min(cfg.num_envs, cfg.episodes)
+    actor, env = open_checkpoint(path, env_overrides=cfg.env, num_envs=num_envs, device=torch.device(cfg.device),
+                                 seed=cfg.seed)
     try:
         sampler = SamplerConfig(cfg.num_steps, cfg.method, noise_level=cfg.noise_level, sde_mode=cfg.sde_mode)
-        return evaluate(actor, env, num_episodes=cfg.episodes, sampler=sampler, execute=cfg.execute, seed=cfg.seed)
+        records = evaluate_episodes(actor, env, num_episodes=cfg.episodes, sampler=sampler, execute=cfg.execute,
+                                    seed=cfg.seed)
     finally:
         env.close()
+    metrics = summarize(records)
+    if cfg.out:
+        write_episode_file(cfg.out, checkpoint=str(path), config=asdict(cfg) | {"num_envs": num_envs},
+                           env=env_identity(path, cfg.env), summary=metrics, records=records)
+    return metrics
+
+
+def env_identity(path: str | Path, env_overrides: dict) -> dict:
+    """What fixes an evaluation's initial states besides the seeds: the env kind and its task options (the
+    ``env`` of :func:`open_checkpoint` without its process layout)."""
+    env = asdict(_env_config(Path(path), env_overrides))
+    for k in ("num_envs", "envs_per_worker"):
+        env.pop(k, None)
+    return env
+
+
+EPISODE_FILE_FORMAT = "vla-rl-eval-episodes/1"
+
+
+def write_episode_file(out: str | Path, *, checkpoint: str, config: dict, env: dict, summary: dict,
+                       records: list[dict]) -> Path:
+    """Write an evaluation's per-episode records as JSON, atomically (a temporary file, then a rename): an
+    earlier file at ``out`` stays whole until the new one is complete."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"format": EPISODE_FILE_FORMAT, "checkpoint": checkpoint, "config": config, "env": env,
+           "summary": summary, "episodes": records}
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=str))
+    os.replace(tmp, out)
+    return out

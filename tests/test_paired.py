@@ -1,0 +1,137 @@
+"""Per-episode evaluation files (`vla-rl eval ... out=`) and their paired comparison (`vla-rl compare`)."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from vla_rl.checkpoint import save_policy
+from vla_rl.cli import main as cli_main
+from vla_rl.collect import collect_builtin_demos
+from vla_rl.evaluate import evaluate_checkpoint
+from vla_rl.paired import EpisodeFileError, compare, load_side, paired_difference, sign_test_p
+from vla_rl.policies.config import policy_preset
+from vla_rl.policies.model import FlowPolicy
+from vla_rl.policies.normalize import NormStats, Stats
+
+SMALL = {"depth": 1, "vision": {"depth": 1}, "prefix": {"width": 32, "mlp_dim": 64},
+         "expert": {"width": 32, "mlp_dim": 64}}
+EVAL = {"episodes": 12, "num_envs": 4, "env": {"builtin": {"max_episode_steps": 12}}}
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory):
+    """An untrained tiny policy for the built-in task: its outcomes vary by episode, which is all we need."""
+    torch.manual_seed(0)
+    data = collect_builtin_demos(2, seed=0)
+    norm = NormStats(Stats.of(data.state), Stats.of(data.action))
+    return save_policy(tmp_path_factory.mktemp("paired") / "policy", FlowPolicy(policy_preset("tiny", SMALL)), norm)
+
+
+def test_paired_difference_by_hand():
+    base, new = [1, 1, 0, 0, 1, 0], [1, 1, 1, 0, 1, 1]   # d = 0 0 1 0 0 1
+    r = paired_difference(base, new)
+    assert (r.n, r.base_mean, r.new_mean) == (6, 0.5, 5 / 6)
+    assert r.diff == pytest.approx(1 / 3)
+    assert r.se_paired == pytest.approx(math.sqrt((4 / 3) / 5 / 6))        # sum (d - 1/3)^2 = 4/3, ddof 1
+    assert r.se_unpaired == pytest.approx(math.sqrt(0.3 / 6 + (1 / 6) / 6))
+    assert (r.new_better, r.base_better, r.sign_test_p) == (2, 0, 0.5)
+    # the same outcomes shuffled against each other: unpaired SE unchanged, the paired one larger
+    shuffled = paired_difference([0, 0, 1, 1, 1, 0], new)
+    assert shuffled.se_unpaired == pytest.approx(r.se_unpaired) and shuffled.se_paired > r.se_paired
+    with pytest.raises(ValueError, match="length"):
+        paired_difference([1], [1, 0])
+
+
+def test_sign_test_known_values():
+    assert sign_test_p(0, 0) == 1.0
+    assert sign_test_p(5, 0) == sign_test_p(0, 5) == 2 / 32
+    assert sign_test_p(3, 3) == 1.0
+    assert sign_test_p(9, 1) == pytest.approx(2 * 11 / 1024)
+
+
+def test_eval_writes_per_episode_records_that_pair(policy, tmp_path, capsys):
+    a, b = tmp_path / "ode.json", tmp_path / "noise.json"
+    m = evaluate_checkpoint(policy, {**EVAL, "out": str(a)})
+    evaluate_checkpoint(policy, {**EVAL, "out": str(b), "method": "noise"})
+    doc = json.loads(a.read_text())
+    eps = doc["episodes"]
+    assert [(e["reset_seed"], e["env_index"]) for e in eps] == [(10_000 + 4 * r, i) for r in range(3) for i in range(4)]
+    assert doc["summary"] == m and m["eval/success_once"] == sum(e["success_once"] for e in eps) / 12
+    assert doc["config"]["num_envs"] == 4 and doc["env"]["kind"] == "builtin"
+    # the same evaluation again reproduces every episode: a policy against itself differs by exactly 0
+    same = compare(load_side([a]), load_side([a]), "return")
+    assert (same.diff, same.se_paired, same.new_better, same.base_better) == (0.0, 0.0, 0, 0)
+    # ODE vs the noise sampler: the numbers are those of the records, paired by episode
+    r = compare(load_side([a]), load_side([b]), "return")
+    nb = json.loads(b.read_text())["episodes"]
+    d = [y["return"] - x["return"] for x, y in zip(eps, nb)]
+    assert r.n == 12 and r.diff == pytest.approx(sum(d) / 12)
+    assert r.new_better == sum(x > 0 for x in d) and r.base_better == sum(x < 0 for x in d)
+    assert cli_main(["compare", str(a), str(b), "--metric", "return"]) == 0
+    out = capsys.readouterr().out
+    assert "return over 12 paired episodes" in out and f"{r.diff:+.4g}" in out
+
+
+def test_two_seed_blocks_pool_per_side(policy, tmp_path):
+    files = {}
+    for name, seed in (("a10", 10_000), ("a20", 20_000), ("b10", 10_000), ("b20", 20_000)):
+        method = "ode" if name[0] == "a" else "noise"
+        files[name] = tmp_path / f"{name}.json"
+        evaluate_checkpoint(policy, {**EVAL, "seed": seed, "method": method, "out": str(files[name])})
+    r = compare(load_side([files["a10"], files["a20"]]), load_side([files["b10"], files["b20"]]), "length")
+    assert r.n == 24
+    with pytest.raises(EpisodeFileError, match="only in the base side"):
+        compare(load_side([files["a10"], files["a20"]]), load_side([files["b10"]]))
+    with pytest.raises(EpisodeFileError, match="already in an earlier file"):
+        load_side([files["a10"], files["a10"]])
+
+
+def test_mismatched_or_broken_files_are_refused_by_name(policy, tmp_path, capsys):
+    a = tmp_path / "a.json"
+    evaluate_checkpoint(policy, {**EVAL, "out": str(a)})
+    other_envs = tmp_path / "n6.json"
+    evaluate_checkpoint(policy, {**EVAL, "num_envs": 6, "out": str(other_envs)})
+    with pytest.raises(EpisodeFileError, match="num_envs differs"):
+        compare(load_side([a]), load_side([other_envs]))
+    other_task = tmp_path / "long.json"
+    evaluate_checkpoint(policy, {**EVAL, "env": {"builtin": {"max_episode_steps": 20}}, "out": str(other_task)})
+    with pytest.raises(EpisodeFileError, match="different envs"):
+        compare(load_side([a]), load_side([other_task]))
+    with pytest.raises(EpisodeFileError, match="unknown metric"):
+        compare(load_side([a]), load_side([a]), "successes")
+
+    doc = json.loads(a.read_text())
+    cases = {
+        "garbage.json": "{not json",
+        "format.json": json.dumps({**doc, "format": "something-else"}),
+        "nokeys.json": json.dumps({**doc, "episodes": [{"reset_seed": 1}]}),
+        "nan.json": json.dumps({**doc, "episodes": [{**doc["episodes"][0], "return": float("nan")}]}),
+    }
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(EpisodeFileError, match=name):
+            load_side([tmp_path / name])
+    assert cli_main(["compare", str(tmp_path / "garbage.json"), str(a)]) == 2
+    assert "not a JSON evaluation file" in capsys.readouterr().err
+    assert cli_main(["compare", str(tmp_path / "missing.json"), str(a)]) == 2
+    assert "no such file" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli_main(["compare", str(a), str(a), "metric=return"])
+
+
+def test_a_failed_write_leaves_the_earlier_file_whole(policy, tmp_path, monkeypatch):
+    import vla_rl.evaluate as ev
+
+    a = tmp_path / "a.json"
+    evaluate_checkpoint(policy, {**EVAL, "out": str(a)})
+    before = a.read_text()
+
+    def boom(*_, **__):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ev.os, "replace", boom)
+    with pytest.raises(OSError, match="disk full"):
+        evaluate_checkpoint(policy, {**EVAL, "seed": 5, "out": str(a)})
+    assert a.read_text() == before

@@ -1,0 +1,168 @@
+"""Paired comparison of two policies' evaluations on the same initial states (``vla-rl compare``).
+
+Why paired: on PickCube some seeds are hard for every policy and some easy, so two 200-episode success
+rates each carry ~3.4 points of standard error, and their difference ~4.8, mostly from which seeds were
+drawn. Scoring both policies on the *same* episodes and averaging the per-episode differences removes the
+seeds' share of that spread: the standard error of a paired difference is ``sd(d) / sqrt(n)`` with
+``d_i = new_i - base_i``, smaller than the unpaired one whenever the two policies' outcomes are positively
+correlated over seeds. The exact sign test (McNemar's, on the discordant episodes) gives a p-value that
+assumes nothing about the size of the spread.
+
+Episodes pair by ``(reset_seed, env_index)``, the key :func:`vla_rl.evaluate.evaluate_episodes` records.
+Files are ``vla-rl eval CKPT out=FILE.json`` outputs; several files per side pool (e.g. the 10k and 20k
+seed blocks).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from vla_rl.evaluate import EPISODE_FILE_FORMAT, EPISODE_METRICS
+
+
+class EpisodeFileError(ValueError):
+    """An evaluation file that cannot be read or cannot be paired; the message names the file and why."""
+
+
+@dataclass(frozen=True)
+class EpisodeSet:
+    """One side of a comparison: episodes keyed by (reset_seed, env_index), and where they came from."""
+
+    episodes: dict[tuple[int, int], dict[str, float]]
+    env: dict
+    num_envs: int
+    sources: tuple[str, ...]
+
+
+def read_episode_file(path: str | Path) -> dict:
+    """A ``vla-rl eval ... out=FILE`` JSON document, checked: format tag, header fields, every record's keys."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise EpisodeFileError(f"{path}: no such file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise EpisodeFileError(f"{path}: not a JSON evaluation file ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != EPISODE_FILE_FORMAT:
+        got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise EpisodeFileError(f"{path}: format is {got!r}, expected {EPISODE_FILE_FORMAT!r} "
+                               f"(write one with `vla-rl eval CKPT out={path.name}`)")
+    for key, kind in (("config", dict), ("env", dict), ("episodes", list)):
+        if not isinstance(doc.get(key), kind):
+            raise EpisodeFileError(f"{path}: {key!r} is missing or not a {kind.__name__}")
+    if not isinstance(doc["config"].get("num_envs"), int):
+        raise EpisodeFileError(f"{path}: config.num_envs is missing or not an integer")
+    need = ("reset_seed", "env_index", *EPISODE_METRICS)
+    for i, rec in enumerate(doc["episodes"]):
+        if not isinstance(rec, dict) or any(k not in rec for k in need):
+            raise EpisodeFileError(f"{path}: episode {i} lacks one of {need}")
+        if any(not isinstance(rec[k], (int, float)) or isinstance(rec[k], bool) or not math.isfinite(rec[k])
+               for k in need):
+            raise EpisodeFileError(f"{path}: episode {i} has a non-numeric or non-finite value: {rec}")
+    return doc
+
+
+def load_side(paths: list[str | Path]) -> EpisodeSet:
+    """Pool the episodes of several evaluation files of one policy; they must share the env and ``num_envs``
+    and must not repeat an episode."""
+    if not paths:
+        raise EpisodeFileError("no evaluation files given")
+    episodes: dict[tuple[int, int], dict[str, float]] = {}
+    env = num_envs = None
+    for p in paths:
+        doc = read_episode_file(p)
+        if env is None:
+            env, num_envs = doc["env"], doc["config"]["num_envs"]
+        elif doc["env"] != env or doc["config"]["num_envs"] != num_envs:
+            raise EpisodeFileError(f"{p}: its env or num_envs differs from {paths[0]}'s; pool only evaluations "
+                                   "of the same task with the same num_envs")
+        for rec in doc["episodes"]:
+            key = (int(rec["reset_seed"]), int(rec["env_index"]))
+            if key in episodes:
+                raise EpisodeFileError(f"{p}: episode (reset_seed {key[0]}, env {key[1]}) is already in an "
+                                       "earlier file of this side; each episode may count once")
+            episodes[key] = {k: float(rec[k]) for k in EPISODE_METRICS}
+    return EpisodeSet(episodes, env, num_envs, tuple(str(p) for p in paths))
+
+
+@dataclass(frozen=True)
+class PairedResult:
+    metric: str
+    n: int
+    base_mean: float
+    new_mean: float
+    diff: float            # new - base, over the paired episodes
+    se_paired: float       # sd(new_i - base_i, ddof=1) / sqrt(n)
+    se_unpaired: float     # sqrt(var_base / n + var_new / n): what two independent samples would give
+    new_better: int        # episodes where new > base (for success: new succeeded, base failed)
+    base_better: int
+    sign_test_p: float     # exact two-sided sign test over the episodes that differ
+
+
+def sign_test_p(wins: int, losses: int) -> float:
+    """Exact two-sided binomial p-value of ``wins`` vs ``losses`` under a fair coin (McNemar's exact test
+    when they are a success metric's discordant pairs). 1.0 when no episode differs."""
+    m = wins + losses
+    if m == 0:
+        return 1.0
+    k = min(wins, losses)
+    tail = sum(math.comb(m, i) for i in range(k + 1)) / 2.0**m
+    return min(1.0, 2.0 * tail)
+
+
+def _var(xs: list[float]) -> float:
+    """Sample variance (ddof=1); 0 for fewer than two values."""
+    if len(xs) < 2:
+        return 0.0
+    mu = sum(xs) / len(xs)
+    return sum((x - mu) ** 2 for x in xs) / (len(xs) - 1)
+
+
+def paired_difference(base: list[float], new: list[float], metric: str = "success_once") -> PairedResult:
+    """The paired difference ``new - base`` of two equally long, aligned lists of per-episode values."""
+    if len(base) != len(new):
+        raise ValueError(f"paired lists differ in length: {len(base)} vs {len(new)}")
+    n = len(base)
+    if n == 0:
+        raise ValueError("no paired episodes")
+    d = [b - a for a, b in zip(base, new)]
+    return PairedResult(
+        metric=metric, n=n, base_mean=sum(base) / n, new_mean=sum(new) / n, diff=sum(d) / n,
+        se_paired=math.sqrt(_var(d) / n), se_unpaired=math.sqrt(_var(base) / n + _var(new) / n),
+        new_better=sum(x > 0 for x in d), base_better=sum(x < 0 for x in d),
+        sign_test_p=sign_test_p(sum(x > 0 for x in d), sum(x < 0 for x in d)))
+
+
+def compare(base: EpisodeSet, new: EpisodeSet, metric: str = "success_once") -> PairedResult:
+    """Pair two sides' episodes; every episode must be on both sides (else the seeds were not the same)."""
+    if metric not in EPISODE_METRICS:
+        raise EpisodeFileError(f"unknown metric {metric!r}; one of {EPISODE_METRICS}")
+    if base.env != new.env:
+        raise EpisodeFileError(f"the two sides evaluated different envs: {base.env} vs {new.env}")
+    if base.num_envs != new.num_envs:
+        raise EpisodeFileError(f"num_envs differs ({base.num_envs} vs {new.num_envs}): episodes pair by (round "
+                               "seed, env index), so evaluate both with the same num_envs and seeds")
+    only_base = sorted(set(base.episodes) - set(new.episodes))
+    only_new = sorted(set(new.episodes) - set(base.episodes))
+    if only_base or only_new:
+        raise EpisodeFileError(f"{len(only_base)} episodes only in the base side (e.g. {only_base[:3]}) and "
+                               f"{len(only_new)} only in the new side (e.g. {only_new[:3]}), as (reset_seed, "
+                               "env_index): evaluate both with the same seed, episodes and num_envs")
+    keys = sorted(base.episodes)
+    return paired_difference([base.episodes[k][metric] for k in keys], [new.episodes[k][metric] for k in keys],
+                             metric)
+
+
+def format_result(r: PairedResult, base_name: str, new_name: str) -> str:
+    return "\n".join([
+        f"{r.metric} over {r.n} paired episodes",
+        f"  base {base_name}: {r.base_mean:.4g}",
+        f"  new  {new_name}: {r.new_mean:.4g}",
+        f"  difference (new - base): {r.diff:+.4g} +- {r.se_paired:.2g} (paired SE; unpaired would be "
+        f"+- {r.se_unpaired:.2g})",
+        f"  episodes where new is better: {r.new_better}, base is better: {r.base_better}; "
+        f"sign test p = {r.sign_test_p:.3g}",
+    ])
