@@ -97,8 +97,21 @@ def test_mismatched_or_broken_files_are_refused_by_name(policy, tmp_path, capsys
         compare(load_side([a]), load_side([other_envs]))
     other_task = tmp_path / "long.json"
     evaluate_checkpoint(policy, {**EVAL, "env": {"builtin": {"max_episode_steps": 20}}, "out": str(other_task)})
-    with pytest.raises(EpisodeFileError, match="different envs"):
+    with pytest.raises(EpisodeFileError, match="different envs: builtin.max_episode_steps 12 vs 20"):
         compare(load_side([a]), load_side([other_task]))
+    # another reward: the same episodes and success (noted), but returns do not compare
+    sparse = tmp_path / "sparse.json"
+    evaluate_checkpoint(policy, {**EVAL, "env": {"builtin": {"max_episode_steps": 12, "reward": "sparse"}},
+                                 "out": str(sparse)})
+    r = compare(load_side([a]), load_side([sparse]))
+    assert r.diff == 0.0 and r.env_notes == ("builtin.reward: 'dense' vs 'sparse'",)
+    with pytest.raises(EpisodeFileError, match="returns under different rewards"):
+        compare(load_side([a]), load_side([sparse]), "return")
+    # defaults spelled out or left implicit are the same env
+    spelled = tmp_path / "spelled.json"
+    evaluate_checkpoint(policy, {**EVAL, "env": {"builtin": {"max_episode_steps": 12, "reward": "dense",
+                                                             "step_size": 0.08}}, "out": str(spelled)})
+    assert compare(load_side([a]), load_side([spelled]), "return").env_notes == ()
     with pytest.raises(EpisodeFileError, match="unknown metric"):
         compare(load_side([a]), load_side([a]), "successes")
 
@@ -135,3 +148,26 @@ def test_a_failed_write_leaves_the_earlier_file_whole(policy, tmp_path, monkeypa
     with pytest.raises(OSError, match="disk full"):
         evaluate_checkpoint(policy, {**EVAL, "seed": 5, "out": str(a)})
     assert a.read_text() == before
+
+
+def test_env_identity_fills_the_adapters_defaults(tmp_path):
+    """An SFT policy's saved env config (every field) and a training run's preset (a few fields) name the same
+    ManiSkill env; the identity written into evaluation files must say so, or their episodes would not pair."""
+    import yaml
+
+    from vla_rl.evaluate import env_identity
+    from vla_rl.paired import env_differences
+
+    sft, run = tmp_path / "sft", tmp_path / "run"
+    sft.mkdir()
+    run.mkdir()
+    full = {"task": "PickCube-v1", "control_mode": "pd_ee_delta_pose", "obs_mode": "state", "reward": "sparse",
+            "image_size": 64, "max_episode_steps": 150, "instruction": None, "sim_backend": "auto",
+            "render_size": 256}
+    (sft / "config.yaml").write_text(yaml.safe_dump({"env_config": {"kind": "maniskill", "options": full}}))
+    (run / "train_config.yaml").write_text(yaml.safe_dump({"env": {"kind": "maniskill", "num_envs": 32, "options": {
+        "task": "PickCube-v1", "reward": "dense_cost", "max_episode_steps": 150}}}))
+    a, b = env_identity(sft, {}), env_identity(run, {})
+    assert env_differences(a, b) == {"options.reward": ("sparse", "dense_cost")}
+    assert env_differences(a, env_identity(sft, {"options": {"max_episode_steps": 50}})) == {
+        "options.max_episode_steps": (150, 50)}

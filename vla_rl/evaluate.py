@@ -166,12 +166,19 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None) -> dict
 
 
 def env_identity(path: str | Path, env_overrides: dict) -> dict:
-    """What fixes an evaluation's initial states besides the seeds: the env kind and its task options (the
-    ``env`` of :func:`open_checkpoint` without its process layout)."""
-    env = asdict(_env_config(Path(path), env_overrides))
-    for k in ("num_envs", "envs_per_worker"):
-        env.pop(k, None)
-    return env
+    """What fixes an evaluation's episodes besides the seeds: the env kind and its task config with every
+    default filled in (an SFT policy's saved env config and a training run's presets spell the same env
+    differently), without the process layout (``num_envs``, ``envs_per_worker``)."""
+    from vla_rl.config import from_dict
+
+    cfg = _env_config(Path(path), env_overrides)
+    if cfg.kind == "builtin":
+        return {"kind": "builtin", "builtin": asdict(cfg.builtin)}
+    if cfg.kind == "maniskill":
+        from vla_rl.envs.maniskill import ManiSkillConfig as Adapter
+    else:
+        from vla_rl.envs.libero import LiberoConfig as Adapter
+    return {"kind": cfg.kind, "options": asdict(from_dict(Adapter, cfg.options, prefix="env.options"))}
 
 
 EPISODE_FILE_FORMAT = "vla-rl-eval-episodes/1"

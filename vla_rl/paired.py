@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from vla_rl.evaluate import EPISODE_FILE_FORMAT, EPISODE_METRICS
@@ -100,6 +100,7 @@ class PairedResult:
     new_better: int        # episodes where new > base (for success: new succeeded, base failed)
     base_better: int
     sign_test_p: float     # exact two-sided sign test over the episodes that differ
+    env_notes: tuple[str, ...] = ()   # env fields that differ but leave the episodes the same
 
 
 def sign_test_p(wins: int, losses: int) -> float:
@@ -136,12 +137,43 @@ def paired_difference(base: list[float], new: list[float], metric: str = "succes
         sign_test_p=sign_test_p(sum(x > 0 for x in d), sum(x < 0 for x in d)))
 
 
+# Env fields that change neither an episode's initial state nor whether it succeeds: what the policy is
+# shown (a state policy and an image policy can be compared on the same seeds). Differences here are noted.
+VIEW_FIELDS = frozenset({"options.obs_mode", "options.image_size", "options.render_size", "options.instruction",
+                         "options.cameras", "options.image_orientation", "options.max_cached_envs",
+                         "builtin.image_size"})
+# Reward fields: the same episodes, the same success, other returns; noted, and refused for --metric return.
+REWARD_FIELDS = frozenset({"options.reward", "builtin.reward", "builtin.success_bonus", "builtin.progress_scale"})
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def env_differences(a: dict, b: dict) -> dict[str, tuple[object, object]]:
+    """Dotted env fields whose values differ between two evaluation files' ``env`` (missing: None)."""
+    fa, fb = _flat(a), _flat(b)
+    return {k: (fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)}
+
+
 def compare(base: EpisodeSet, new: EpisodeSet, metric: str = "success_once") -> PairedResult:
-    """Pair two sides' episodes; every episode must be on both sides (else the seeds were not the same)."""
+    """Pair two sides' episodes; every episode must be on both sides (else the seeds were not the same), and
+    the envs may differ only in what the policy is shown or (for success and length) in the reward."""
     if metric not in EPISODE_METRICS:
         raise EpisodeFileError(f"unknown metric {metric!r}; one of {EPISODE_METRICS}")
-    if base.env != new.env:
-        raise EpisodeFileError(f"the two sides evaluated different envs: {base.env} vs {new.env}")
+    diffs = env_differences(base.env, new.env)
+    allowed = VIEW_FIELDS | (REWARD_FIELDS if metric != "return" else frozenset())
+    bad = {k: v for k, v in diffs.items() if k not in allowed}
+    if bad:
+        why = "; returns under different rewards do not compare" if set(bad) & REWARD_FIELDS else ""
+        raise EpisodeFileError("the two sides evaluated different envs: " + ", ".join(
+            f"{k} {a!r} vs {b!r}" for k, (a, b) in bad.items()) + why)
     if base.num_envs != new.num_envs:
         raise EpisodeFileError(f"num_envs differs ({base.num_envs} vs {new.num_envs}): episodes pair by (round "
                                "seed, env index), so evaluate both with the same num_envs and seeds")
@@ -152,8 +184,10 @@ def compare(base: EpisodeSet, new: EpisodeSet, metric: str = "success_once") -> 
                                f"{len(only_new)} only in the new side (e.g. {only_new[:3]}), as (reset_seed, "
                                "env_index): evaluate both with the same seed, episodes and num_envs")
     keys = sorted(base.episodes)
-    return paired_difference([base.episodes[k][metric] for k in keys], [new.episodes[k][metric] for k in keys],
-                             metric)
+    r = paired_difference([base.episodes[k][metric] for k in keys], [new.episodes[k][metric] for k in keys],
+                          metric)
+    notes = tuple(f"{k}: {a!r} vs {b!r}" for k, (a, b) in diffs.items())
+    return replace(r, env_notes=notes)
 
 
 def format_result(r: PairedResult, base_name: str, new_name: str) -> str:
@@ -165,4 +199,5 @@ def format_result(r: PairedResult, base_name: str, new_name: str) -> str:
         f"+- {r.se_unpaired:.2g})",
         f"  episodes where new is better: {r.new_better}, base is better: {r.base_better}; "
         f"sign test p = {r.sign_test_p:.3g}",
+        *(f"  note: the envs differ in {n} (same initial states and success)" for n in r.env_notes),
     ])
