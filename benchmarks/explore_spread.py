@@ -22,7 +22,7 @@ import torch
 
 from vla_rl.actor import Actor, SamplerConfig
 from vla_rl.config import parse_overrides
-from vla_rl.evaluate import first_episodes, open_checkpoint
+from vla_rl.evaluate import checkpoint_env_config, first_episodes, open_checkpoint
 
 
 def outcomes(actor: Actor, env, *, states: int, samples: int, seed: int, sampler: SamplerConfig,
@@ -78,7 +78,8 @@ def main() -> None:
     overrides = parse_overrides([a.removeprefix("--") for a in rest])
     if set(overrides) - {"env"}:
         p.error(f"unknown arguments {sorted(set(overrides) - {'env'})}: only --env.FIELD=VALUE overrides are passed on")
-    actor, env = open_checkpoint(args.checkpoint, env_overrides=overrides.get("env", {}), num_envs=args.num_envs,
+    env_cfg = checkpoint_env_config(args.checkpoint, overrides.get("env", {}))
+    actor, env = open_checkpoint(args.checkpoint, env_config=env_cfg, num_envs=args.num_envs,
                                  device=torch.device("cpu"), seed=args.seed)
     if args.binary_gripper:
         binary_gripper(actor)

@@ -148,6 +148,7 @@ def test_a_failed_write_leaves_the_earlier_file_whole(policy, tmp_path, monkeypa
     with pytest.raises(OSError, match="disk full"):
         evaluate_checkpoint(policy, {**EVAL, "seed": 5, "out": str(a)})
     assert a.read_text() == before
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["a.json"]   # no temporary file left beside it
 
 
 def test_env_identity_fills_the_adapters_defaults(tmp_path):
@@ -155,7 +156,7 @@ def test_env_identity_fills_the_adapters_defaults(tmp_path):
     ManiSkill env; the identity written into evaluation files must say so, or their episodes would not pair."""
     import yaml
 
-    from vla_rl.evaluate import env_identity
+    from vla_rl.evaluate import checkpoint_env_config, env_identity
     from vla_rl.paired import env_differences
 
     sft, run = tmp_path / "sft", tmp_path / "run"
@@ -167,7 +168,10 @@ def test_env_identity_fills_the_adapters_defaults(tmp_path):
     (sft / "config.yaml").write_text(yaml.safe_dump({"env_config": {"kind": "maniskill", "options": full}}))
     (run / "train_config.yaml").write_text(yaml.safe_dump({"env": {"kind": "maniskill", "num_envs": 32, "options": {
         "task": "PickCube-v1", "reward": "dense_cost", "max_episode_steps": 150}}}))
-    a, b = env_identity(sft, {}), env_identity(run, {})
+    def identity(path, overrides):
+        return env_identity(checkpoint_env_config(path, overrides))
+
+    a, b = identity(sft, {}), identity(run, {})
     assert env_differences(a, b) == {"options.reward": ("sparse", "dense_cost")}
-    assert env_differences(a, env_identity(sft, {"options": {"max_episode_steps": 50}})) == {
+    assert env_differences(a, identity(sft, {"options": {"max_episode_steps": 50}})) == {
         "options.max_episode_steps": (150, 50)}

@@ -108,17 +108,16 @@ class EvalConfig:
     out: str | None = None
 
 
-def open_checkpoint(path: str | Path, *, env_overrides: dict, num_envs: int, device: torch.device,
+def open_checkpoint(path: str | Path, *, env_config, num_envs: int, device: torch.device,
                     seed: int) -> tuple[Actor, Any]:
     """A policy or training checkpoint folder's policy as an :class:`Actor` on ``device``, and ``num_envs``
-    of the env it was made for: a training checkpoint's ``train_config.yaml``, else the one an SFT policy was
-    trained for, with ``env_overrides`` (fields of :class:`~vla_rl.trainer.EnvConfig`) on top."""
+    of the env ``env_config`` (an :class:`~vla_rl.trainer.EnvConfig`, usually
+    :func:`checkpoint_env_config` of the same folder)."""
     from vla_rl.checkpoint import load_policy
     from vla_rl.trainer import make_env
 
-    path = Path(path)
-    model, norm, _ = load_policy(path)
-    env = make_env(_env_config(path, env_overrides), num_envs=num_envs, device=device, seed=seed)
+    model, norm, _ = load_policy(Path(path))
+    env = make_env(env_config, num_envs=num_envs, device=device, seed=seed)
     try:
         spec = env.spec
         actor = Actor(model.to(device), norm, env_state_dim=spec.state_dim, env_action_dim=spec.action_dim,
@@ -129,13 +128,14 @@ def open_checkpoint(path: str | Path, *, env_overrides: dict, num_envs: int, dev
     return actor, env
 
 
-def _env_config(path: Path, env_overrides: dict):
+def checkpoint_env_config(path: str | Path, env_overrides: dict):
     """The env a checkpoint folder was made for: a training checkpoint's ``train_config.yaml``, else the one
     an SFT policy was trained for (its saved config), with ``env_overrides`` on top."""
     from vla_rl.checkpoint import read_yaml_file
     from vla_rl.config import from_dict, merge
     from vla_rl.trainer import EnvConfig
 
+    path = Path(path)
     if (path / "train_config.yaml").is_file():
         env_dict = read_yaml_file(path / "train_config.yaml").get("env", {})
     else:
@@ -150,7 +150,8 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None) -> dict
 
     cfg = from_dict(EvalConfig, dict(overrides or {}))
     num_envs = min(cfg.num_envs, cfg.episodes)
-    actor, env = open_checkpoint(path, env_overrides=cfg.env, num_envs=num_envs, device=torch.device(cfg.device),
+    env_cfg = checkpoint_env_config(path, cfg.env)
+    actor, env = open_checkpoint(path, env_config=env_cfg, num_envs=num_envs, device=torch.device(cfg.device),
                                  seed=cfg.seed)
     try:
         sampler = SamplerConfig(cfg.num_steps, cfg.method, noise_level=cfg.noise_level, sde_mode=cfg.sde_mode)
@@ -161,17 +162,16 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None) -> dict
     metrics = summarize(records)
     if cfg.out:
         write_episode_file(cfg.out, checkpoint=str(path), config=asdict(cfg) | {"num_envs": num_envs},
-                           env=env_identity(path, cfg.env), summary=metrics, records=records)
+                           env=env_identity(env_cfg), summary=metrics, records=records)
     return metrics
 
 
-def env_identity(path: str | Path, env_overrides: dict) -> dict:
-    """What fixes an evaluation's episodes besides the seeds: the env kind and its task config with every
-    default filled in (an SFT policy's saved env config and a training run's presets spell the same env
-    differently), without the process layout (``num_envs``, ``envs_per_worker``)."""
+def env_identity(cfg) -> dict:
+    """What fixes an evaluation's episodes besides the seeds: an :class:`~vla_rl.trainer.EnvConfig`'s kind
+    and task config with every default filled in (an SFT policy's saved env config and a training run's
+    presets spell the same env differently), without the process layout (``num_envs``, ``envs_per_worker``)."""
     from vla_rl.config import from_dict
 
-    cfg = _env_config(Path(path), env_overrides)
     if cfg.kind == "builtin":
         return {"kind": "builtin", "builtin": asdict(cfg.builtin)}
     if cfg.kind == "maniskill":
@@ -193,6 +193,9 @@ def write_episode_file(out: str | Path, *, checkpoint: str, config: dict, env: d
     doc = {"format": EPISODE_FILE_FORMAT, "checkpoint": checkpoint, "config": config, "env": env,
            "summary": summary, "episodes": records}
     tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1, default=str))
-    os.replace(tmp, out)
+    try:
+        tmp.write_text(json.dumps(doc, indent=1, default=str))
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)   # gone after the rename; after a failure, no stray half-file is left
     return out

@@ -29,12 +29,11 @@ class EpisodeFileError(ValueError):
 
 @dataclass(frozen=True)
 class EpisodeSet:
-    """One side of a comparison: episodes keyed by (reset_seed, env_index), and where they came from."""
+    """One side of a comparison: episodes keyed by (reset_seed, env_index), the env and ``num_envs``."""
 
     episodes: dict[tuple[int, int], dict[str, float]]
     env: dict
     num_envs: int
-    sources: tuple[str, ...]
 
 
 def read_episode_file(path: str | Path) -> dict:
@@ -85,7 +84,7 @@ def load_side(paths: list[str | Path]) -> EpisodeSet:
                 raise EpisodeFileError(f"{p}: episode (reset_seed {key[0]}, env {key[1]}) is already in an "
                                        "earlier file of this side; each episode may count once")
             episodes[key] = {k: float(rec[k]) for k in EPISODE_METRICS}
-    return EpisodeSet(episodes, env, num_envs, tuple(str(p) for p in paths))
+    return EpisodeSet(episodes, env, num_envs)
 
 
 @dataclass(frozen=True)
@@ -130,11 +129,11 @@ def paired_difference(base: list[float], new: list[float], metric: str = "succes
     if n == 0:
         raise ValueError("no paired episodes")
     d = [b - a for a, b in zip(base, new)]
+    wins, losses = sum(x > 0 for x in d), sum(x < 0 for x in d)
     return PairedResult(
         metric=metric, n=n, base_mean=sum(base) / n, new_mean=sum(new) / n, diff=sum(d) / n,
         se_paired=math.sqrt(_var(d) / n), se_unpaired=math.sqrt(_var(base) / n + _var(new) / n),
-        new_better=sum(x > 0 for x in d), base_better=sum(x < 0 for x in d),
-        sign_test_p=sign_test_p(sum(x > 0 for x in d), sum(x < 0 for x in d)))
+        new_better=wins, base_better=losses, sign_test_p=sign_test_p(wins, losses))
 
 
 # Env fields that change neither an episode's initial state nor whether it succeeds: what the policy is
