@@ -9,7 +9,8 @@ iteration 0 is the SFT policy's).
                                         [--iterations N] [--demos N] [--sft-steps N] [--eval-every 10]
                                         [--eval-episodes 200] [--out runs/bench_learning] [--sft-only | --report]
 
-``--iterations``, ``--demos``, ``--sft-steps`` default to each task's entry in :data:`TASKS`; ``--sft-only``
+``--iterations``, ``--demos``, ``--sft-steps`` default to each task's entry in :data:`TASKS` (iterations: else
+each method's preset's, as for PickCube, whose Flow-Noise lr schedule is planned for its length); ``--sft-only``
 makes the demos and SFT policies and stops (so that methods started as separate processes do not both
 train the same seed's SFT policy); ``--report``
 runs nothing and tabulates the runs as they are (unfinished ones marked "(of N)"). Writes into
@@ -56,7 +57,7 @@ class TaskSetup:
     presets: dict[str, str]   # method -> experiment preset (configs/experiment)
     demos: int                # few-shot: SFT on this many demos ...
     sft_steps: int
-    iterations: int
+    iterations: int | None    # None: each method's preset's own (its lr schedule is planned for that length)
     demo_pool: int = 0        # ... of this many collected (ManiSkill: collected once, shared by the seeds)
     eval_every: int = 10
     eval_episodes: int = 200
@@ -76,7 +77,7 @@ TASKS = {
     # velocities (state dims 9-17) copies the planner's slow start of each carry and crawls (0.27 from 100
     # demos); hidden, 50 demos give 0.60 and 300 give 0.96 (RESULTS.md, PickCube, seventh attempt).
     "PickCube-v1": TaskSetup({"sde": "maniskill_pickcube_flow_sde", "noise": "maniskill_pickcube_flow_noise"},
-                             demos=50, sft_steps=6000, iterations=150, demo_pool=100, eval_every=10,
+                             demos=50, sft_steps=6000, iterations=None, demo_pool=100, eval_every=10,
                              eval_episodes=100, sft={"lr": 1e-3, "idle_threshold": 0.02, "hidden_state_dims": "9-17",
                                                      # Flow-Noise's std bounds (SFT does not use them): the
                                                      # tiny preset's [0.2, 0.4] explored too coarsely here
@@ -159,15 +160,23 @@ def first_reach(points, level: float) -> tuple[str, str]:
     return "-", "-"
 
 
+def planned_iterations(setup: TaskSetup, method: str, override: int | None = None) -> int:
+    """RL iterations of one method's runs: ``--iterations``, else the task entry's, else the preset's."""
+    if override or setup.iterations:
+        return override or setup.iterations
+    return load_preset(TrainConfig, "experiment", setup.presets[method]).iterations
+
+
 def table(curves: dict[str, dict[str, list]], reached: dict[str, dict[str, list[int]]],
-          planned: dict[str, int]) -> str:
+          planned: dict[str, dict[str, int]]) -> str:
     """One row per (task, method); "RL iterations" is each seed's last iteration, "(of N)" when a run is
     unfinished (``--report`` on runs still going or stopped)."""
     lines = ["| task | method | seeds | SFT success | after RL | RL iterations | best | env-steps to best | "
              "s to best | env-steps to 90 % | s to 90 % |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for task, method, runs in [(t, m, r) for t, by_method in curves.items() for m, r in by_method.items() if r]:
         its = reached[task][method]
-        its_text = " / ".join(map(str, its)) + (f" (of {planned[task]})" if min(its) < planned[task] else "")
+        total = planned[task][method]
+        its_text = " / ".join(map(str, its)) + (f" (of {total})" if min(its) < total else "")
         sft = [c[0][2] for c in runs]
         final = [c[-1][2] for c in runs]
         best = [max(s for _, _, s in c) for c in runs]
@@ -230,12 +239,11 @@ def main() -> None:
         p.error(f"unknown task(s) {unknown}; known: {list(TASKS)}")
     curves: dict[str, dict[str, list]] = {}
     reached: dict[str, dict[str, list[int]]] = {}
-    planned: dict[str, int] = {}
+    planned: dict[str, dict[str, int]] = {}
     for task in tasks:
         setup = TASKS[task]
-        its = args.iterations or setup.iterations
         demos, sft_steps = args.demos or setup.demos, args.sft_steps or setup.sft_steps
-        planned[task] = its
+        planned[task] = {m: planned_iterations(setup, m, args.iterations) for m in methods}
         curves[task], reached[task] = {m: [] for m in methods}, {m: [] for m in methods}
         task_out = out if task == "builtin" else out / task   # builtin: the layout of earlier results
         for seed in [int(s) for s in args.seeds.split(",")]:
@@ -249,7 +257,8 @@ def main() -> None:
             for method in methods:
                 run = task_out / f"seed{seed}" / method
                 history = (read_metrics(run) if args.report else
-                           rl_run(sft, run, setup.presets[method], method, seed, its, setup, args))
+                           rl_run(sft, run, setup.presets[method], method, seed, planned[task][method], setup,
+                                  args))
                 if curve(history):
                     curves[task][method].append(curve(history))
                     reached[task][method].append(int(history[-1]["iteration"]))

@@ -35,6 +35,17 @@ def test_task_entries_parse(task):
 def test_table_reports_best_and_first_reach_of_90():
     # (env-steps, seconds, success) per evaluation; one seed per method
     curves = {"T": {"sde": [[(0, 0.0, 0.5), (100, 10.0, 0.92), (200, 20.0, 0.85)]], "noise": []}}
-    text = bench.table(curves, {"T": {"sde": [20]}}, {"T": 20})
+    text = bench.table(curves, {"T": {"sde": [20]}}, {"T": {"sde": 20, "noise": 30}})
     row = text.splitlines()[2]
     assert row == "| T | Flow-SDE PPO | 1 | 0.50 | 0.85 | 20 | 0.92 | 100 | 10 | 100 | 10 |", row
+    text = bench.table(curves, {"T": {"sde": [15]}}, {"T": {"sde": 20, "noise": 30}})
+    assert "| 15 (of 20) |" in text.splitlines()[2]
+
+
+def test_iterations_come_from_the_flag_the_entry_or_the_preset():
+    pick, push = bench.TASKS["PickCube-v1"], bench.TASKS["PushCube-v1"]
+    assert pick.iterations is None   # each method's preset plans its own length (Flow-Noise's lr drop)
+    for method, preset in pick.presets.items():
+        assert bench.planned_iterations(pick, method) == load_preset(TrainConfig, "experiment", preset).iterations
+    assert bench.planned_iterations(push, "noise") == push.iterations == 150
+    assert bench.planned_iterations(pick, "noise", 7) == 7
