@@ -162,9 +162,7 @@ def first_reach(points, level: float) -> tuple[str, str]:
 
 def planned_iterations(setup: TaskSetup, method: str, override: int | None = None) -> int:
     """RL iterations of one method's runs: ``--iterations``, else the task entry's, else the preset's."""
-    if override or setup.iterations:
-        return override or setup.iterations
-    return load_preset(TrainConfig, "experiment", setup.presets[method]).iterations
+    return override or setup.iterations or load_preset(TrainConfig, "experiment", setup.presets[method]).iterations
 
 
 def table(curves: dict[str, dict[str, list]], reached: dict[str, dict[str, list[int]]],

@@ -170,15 +170,9 @@ def env_identity(cfg) -> dict:
     """What fixes an evaluation's episodes besides the seeds: an :class:`~vla_rl.trainer.EnvConfig`'s kind
     and task config with every default filled in (an SFT policy's saved env config and a training run's
     presets spell the same env differently), without the process layout (``num_envs``, ``envs_per_worker``)."""
-    from vla_rl.config import from_dict
+    from vla_rl.trainer import task_config
 
-    if cfg.kind == "builtin":
-        return {"kind": "builtin", "builtin": asdict(cfg.builtin)}
-    if cfg.kind == "maniskill":
-        from vla_rl.envs.maniskill import ManiSkillConfig as Adapter
-    else:
-        from vla_rl.envs.libero import LiberoConfig as Adapter
-    return {"kind": cfg.kind, "options": asdict(from_dict(Adapter, cfg.options, prefix="env.options"))}
+    return {"kind": cfg.kind, "builtin" if cfg.kind == "builtin" else "options": asdict(task_config(cfg))}
 
 
 EPISODE_FILE_FORMAT = "vla-rl-eval-episodes/1"

@@ -92,6 +92,22 @@ class TrainConfig:
             raise ConfigError(f"eval_method must be 'ode' or 'train', got {self.eval_method!r}")
 
 
+def task_config(cfg: EnvConfig):
+    """The typed task config of ``cfg`` with every default filled in: ``env.builtin`` for the built-in env,
+    ``env.options`` read into the adapter's config (``ManiSkillConfig``, ``LiberoConfig``) for the others."""
+    if cfg.kind == "builtin":
+        return cfg.builtin
+    if cfg.kind == "maniskill":
+        from vla_rl.envs.maniskill import ManiSkillConfig
+
+        return from_dict(ManiSkillConfig, cfg.options, prefix="env.options")
+    if cfg.kind == "libero":
+        from vla_rl.envs.libero import LiberoConfig
+
+        return from_dict(LiberoConfig, cfg.options, prefix="env.options")
+    raise ConfigError(f"unknown env.kind {cfg.kind!r}")
+
+
 def make_env(cfg: EnvConfig, *, num_envs: int, device: torch.device, seed: int):
     """Build the batched env of ``cfg`` (the trainer never imports a simulator itself)."""
     if cfg.kind == "builtin":
@@ -103,19 +119,18 @@ def make_env(cfg: EnvConfig, *, num_envs: int, device: torch.device, seed: int):
                               "env runs in-process as one batch")
         return ColorReachEnv(num_envs, config=cfg.builtin, device=device, seed=seed)
     if cfg.kind == "maniskill":
-        from vla_rl.envs.maniskill import ManiSkillConfig, make_maniskill_env
+        from vla_rl.envs.maniskill import make_maniskill_env
 
-        ms = from_dict(ManiSkillConfig, cfg.options, prefix="env.options")
-        return make_maniskill_env(ms, num_envs, device=device, seed=seed, envs_per_worker=cfg.envs_per_worker)
+        return make_maniskill_env(task_config(cfg), num_envs, device=device, seed=seed,
+                                  envs_per_worker=cfg.envs_per_worker)
     if cfg.kind == "libero":
         import functools
 
-        from vla_rl.envs.libero import LiberoConfig, LiberoSingleEnv
+        from vla_rl.envs.libero import LiberoSingleEnv
         from vla_rl.envs.workers import WorkerVectorEnv
 
-        lib = from_dict(LiberoConfig, cfg.options, prefix="env.options")
-        return WorkerVectorEnv(functools.partial(LiberoSingleEnv, lib), num_envs, seed=seed, name="libero",
-                               envs_per_worker=cfg.envs_per_worker)
+        return WorkerVectorEnv(functools.partial(LiberoSingleEnv, task_config(cfg)), num_envs, seed=seed,
+                               name="libero", envs_per_worker=cfg.envs_per_worker)
     raise ConfigError(f"unknown env.kind {cfg.kind!r}")
 
 
