@@ -19,13 +19,13 @@ import time
 
 import torch
 
-from vla_rl.actor import Actor, SamplerConfig
 from vla_rl.envs.builtin import ColorReachEnv
-from vla_rl.learner import Learner, PPOConfig
 from vla_rl.policies.config import policy_preset
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.rollout import LogProbConfig, collect_rollout
+from vla_rl.rl.actor import Actor, SamplerConfig
+from vla_rl.rl.learner import Learner, PPOConfig
+from vla_rl.rl.rollout import LogProbConfig, collect_rollout
 
 
 def sync(device: torch.device) -> None:

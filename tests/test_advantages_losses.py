@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from vla_rl import advantages, losses
+from vla_rl.rl import advantages, losses
 
 
 def scalar_gae(r, v, term, trunc, final_v, last_v, gamma, lam):

@@ -74,10 +74,9 @@ def test_every_shipped_preset_loads_and_its_model_builds():
     import torch
 
     from vla_rl.config import load_preset
-    from vla_rl.envs.maniskill import ManiSkillConfig
     from vla_rl.policies.config import policy_preset
     from vla_rl.policies.model import FlowPolicy
-    from vla_rl.trainer import TrainConfig
+    from vla_rl.rl.trainer import TrainConfig
 
     root = Path(__file__).resolve().parent.parent / "configs"
     experiments = sorted(p.stem for p in (root / "experiment").glob("*.yaml"))
@@ -86,7 +85,7 @@ def test_every_shipped_preset_loads_and_its_model_builds():
     for name in experiments:
         cfg = load_preset(TrainConfig, "experiment", name)
         if cfg.env.kind == "maniskill":
-            ms = from_dict(ManiSkillConfig, cfg.env.options)
+            ms = cfg.env.maniskill
             # the planners' demos are longer than the tasks' limit of 50 (PushCube 61-80 steps, PickCube <= 100)
             assert ms.max_episode_steps == {"PushCube-v1": 120, "PickCube-v1": 150}[ms.task]
     for name in sorted(p.stem for p in (root / "model").glob("*.yaml")):

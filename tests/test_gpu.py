@@ -12,11 +12,11 @@ from contract import check_env_contract
 from test_model import make_obs, randomized
 from test_trainer import config, sft_checkpoint  # noqa: F401  (a fixture)
 
-from vla_rl.actor import Actor, SamplerConfig
 from vla_rl.envs.builtin import ColorReachEnv
 from vla_rl.policies import flow
-from vla_rl.rollout import LogProbConfig, collect_rollout
-from vla_rl.trainer import Trainer, resume_trainer
+from vla_rl.rl.actor import Actor, SamplerConfig
+from vla_rl.rl.rollout import LogProbConfig, collect_rollout
+from vla_rl.rl.trainer import Trainer, resume_trainer
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

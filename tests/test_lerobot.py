@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from vla_rl.collect import collect_builtin_demos
-from vla_rl.lerobot import LeRobotDatasetError, read_lerobot_dataset, write_lerobot_dataset
+from vla_rl.data.collect import collect_builtin_demos
+from vla_rl.data.lerobot import LeRobotDatasetError, read_lerobot_dataset, write_lerobot_dataset
 
 COLUMNS = ("images", "state", "action", "episode_index", "frame_index", "task_index")
 
@@ -129,7 +129,7 @@ def test_missing_column_and_corrupt_file(dataset):
 
 
 def test_write_is_atomic(dataset, demos, monkeypatch):
-    import vla_rl.lerobot as lerobot
+    import vla_rl.data.lerobot as lerobot
 
     before = sorted(p.relative_to(dataset) for p in dataset.rglob("*"))
 
@@ -170,7 +170,7 @@ LEVELS_STEP = 12  # frame k of camera 0 is a flat grey of 10 + 12 k: a frame off
 
 
 def level_demos(lengths=(5, 7, 4), size=16):
-    from vla_rl.data import DemoDataset
+    from vla_rl.data.dataset import DemoDataset
 
     m = sum(lengths)
     k = torch.arange(m)
@@ -272,7 +272,7 @@ def test_cli_collect_video_then_sft(tmp_path, capsys):
 # from LeRobot's documented schema, independently of write_lerobot_dataset
 # ---------------------------------------------------------------------------------------------------------
 def write_v2(path, data, *, fps, cameras, video, version="v2.1"):
-    from vla_rl.lerobot_video import VideoWriter
+    from vla_rl.data.lerobot_video import VideoWriter
 
     (path / "meta").mkdir(parents=True)
     m, _, h, w, _ = data.images.shape
@@ -309,7 +309,7 @@ def write_v2(path, data, *, fps, cameras, video, version="v2.1"):
                 writer.add(frames)
                 writer.close()
             else:
-                from vla_rl.lerobot import _png
+                from vla_rl.data.lerobot import _png
                 cols[key] = pa.array([{"bytes": _png(f), "path": None} for f in frames],
                                      pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
         (path / "data/chunk-000").mkdir(parents=True, exist_ok=True)

@@ -16,9 +16,9 @@ import torch
 from vla_rl.checkpoint import CheckpointError, save_policy
 from vla_rl.cli import main
 from vla_rl.config import ConfigError, from_dict
+from vla_rl.data.lerobot import detect_keys, read_lerobot_dataset, read_lerobot_info
 from vla_rl.envs.libero import LiberoEpisode, LiberoProtocolResult
-from vla_rl.lerobot import detect_keys, read_lerobot_dataset, read_lerobot_info
-from vla_rl.libero_eval import LiberoEvalConfig, libero_env_config, summarize
+from vla_rl.eval.libero import LiberoEvalConfig, libero_env_config, summarize
 from vla_rl.policies.config import policy_preset
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
@@ -109,7 +109,7 @@ def test_summary_known_answer():
 # ---------------------------------------------------------------------------------------------- real
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
-    from vla_rl.libero_demos import LiberoRecordConfig, record_libero_episodes, recording_info, write_libero_layout
+    from vla_rl.data.libero_demos import LiberoRecordConfig, record_libero_episodes, recording_info, write_libero_layout
 
     cfg = LiberoRecordConfig(task_ids=[0], episodes_per_task=2, max_episode_steps=STEPS, image_size=32, seed=0)
     data = record_libero_episodes(cfg, progress=False)

@@ -16,8 +16,8 @@ import torch
 
 from vla_rl.checkpoint import load_policy
 from vla_rl.cli import main
-from vla_rl.lerobot import read_lerobot_dataset, read_lerobot_info
-from vla_rl.maniskill_demos import (
+from vla_rl.data.lerobot import read_lerobot_dataset, read_lerobot_info
+from vla_rl.data.maniskill_demos import (
     ManiSkillDemoError,
     demo_env_config,
     episode_limit,

@@ -8,9 +8,9 @@ import torch
 
 from vla_rl.checkpoint import save_policy
 from vla_rl.cli import main as cli_main
-from vla_rl.collect import collect_builtin_demos
-from vla_rl.evaluate import evaluate_checkpoint
-from vla_rl.paired import EpisodeFileError, compare, load_side, paired_difference, sign_test_p
+from vla_rl.data.collect import collect_builtin_demos
+from vla_rl.eval.evaluate import evaluate_checkpoint
+from vla_rl.eval.paired import EpisodeFileError, compare, load_side, paired_difference, sign_test_p
 from vla_rl.policies.config import policy_preset
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
@@ -135,7 +135,7 @@ def test_mismatched_or_broken_files_are_refused_by_name(policy, tmp_path, capsys
 
 
 def test_a_failed_write_leaves_the_earlier_file_whole(policy, tmp_path, monkeypatch):
-    import vla_rl.evaluate as ev
+    import vla_rl.eval.evaluate as ev
 
     a = tmp_path / "a.json"
     evaluate_checkpoint(policy, {**EVAL, "out": str(a)})
@@ -156,8 +156,9 @@ def test_env_identity_fills_the_adapters_defaults(tmp_path):
     ManiSkill env; the identity written into evaluation files must say so, or their episodes would not pair."""
     import yaml
 
-    from vla_rl.evaluate import checkpoint_env_config, env_identity
-    from vla_rl.paired import env_differences
+    from vla_rl.env_factory import env_identity
+    from vla_rl.eval.evaluate import checkpoint_env_config
+    from vla_rl.eval.paired import env_differences
 
     sft, run = tmp_path / "sft", tmp_path / "run"
     sft.mkdir()

@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from vla_rl.actor import Actor, SamplerConfig
 from vla_rl.checkpoint import CheckpointError, load_policy, save_policy
-from vla_rl.collect import collect_builtin_demos
+from vla_rl.data.collect import collect_builtin_demos
 from vla_rl.policies.config import policy_preset
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
+from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.sft import SFTConfig, train_sft
 
 SMALL = {"depth": 2, "vision": {"depth": 1}, "prefix": {"width": 64, "mlp_dim": 128},
@@ -85,7 +85,7 @@ def test_action_chunks_are_masked_past_episode_end(trained):
 
 
 def _toy_demos(actions: list[list[float]], episodes: list[int]):
-    from vla_rl.data import DemoDataset
+    from vla_rl.data.dataset import DemoDataset
 
     m = len(actions)
     frame = [sum(1 for e in episodes[:i] if e == episodes[i]) for i in range(m)]
@@ -95,7 +95,7 @@ def _toy_demos(actions: list[list[float]], episodes: list[int]):
 
 
 def test_idle_frames_are_pauses_of_the_arm_that_keep_the_gripper_command():
-    from vla_rl.data import drop_idle_frames, idle_frames
+    from vla_rl.data.dataset import drop_idle_frames, idle_frames
 
     # episode 0: idle start, move, pause, close the gripper (kept though the arm is still), pause, move;
     # episode 1 starts idle with the same gripper value as episode 0's end (a new episode: still idle).

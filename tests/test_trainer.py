@@ -6,16 +6,16 @@ import json
 import pytest
 import torch
 
-from vla_rl.actor import Actor
 from vla_rl.checkpoint import CheckpointError, save_policy
 from vla_rl.cli import main as cli_main
-from vla_rl.collect import collect_builtin_demos
 from vla_rl.config import ConfigError, from_dict
+from vla_rl.data.collect import collect_builtin_demos
 from vla_rl.policies.config import policy_preset
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
+from vla_rl.rl.actor import Actor
+from vla_rl.rl.trainer import TrainConfig, Trainer, resume_trainer
 from vla_rl.sft import SFTConfig, train_sft
-from vla_rl.trainer import TrainConfig, Trainer, resume_trainer
 
 SMALL = {"depth": 2, "vision": {"depth": 1}, "prefix": {"width": 64, "mlp_dim": 128},
          "expert": {"width": 64, "mlp_dim": 128}}
@@ -103,7 +103,7 @@ def closed_envs(monkeypatch):
 def test_envs_are_released_however_a_trainer_ends(sft_checkpoint, tmp_path, closed_envs):
     """Worker envs hold a process per env, so every way out of a trainer closes them: the context manager
     (shared and separate evaluation envs), a failed construction, a failed resume, and `vla-rl eval`."""
-    from vla_rl.evaluate import evaluate_checkpoint
+    from vla_rl.eval.evaluate import evaluate_checkpoint
 
     with Trainer(config(sft_checkpoint, tmp_path / "a", iterations=1), log=lambda *_: None) as t:
         env = t.env
@@ -152,7 +152,7 @@ def test_cli_train_and_eval(sft_checkpoint, tmp_path, capsys):
 
 def test_eval_with_the_stochastic_samplers(sft_checkpoint, monkeypatch, capsys):
     """``vla-rl eval CKPT method=noise`` (or sde) evaluates the stochastic policy RL trains; ODE by default."""
-    import vla_rl.evaluate as ev
+    import vla_rl.eval.evaluate as ev
 
     seen, real = [], ev.evaluate_episodes
     monkeypatch.setattr(ev, "evaluate_episodes", lambda *a, **k: seen.append(k["sampler"]) or real(*a, **k))
@@ -169,8 +169,8 @@ def test_eval_with_the_stochastic_samplers(sft_checkpoint, monkeypatch, capsys):
 
 
 def test_grpo_chunk_advantages_by_hand():
-    from vla_rl.learner import grpo_chunk_advantages
-    from vla_rl.rollout import Rollout
+    from vla_rl.rl.learner import grpo_chunk_advantages
+    from vla_rl.rl.rollout import Rollout
 
     # 4 envs in 2 groups, 3 chunks. Env 0 succeeds at chunk 1 (return 1.5), env 1 never ends (return 0.3);
     # group 1: both fail at chunk 0 (degenerate, filtered).
@@ -199,11 +199,11 @@ def test_grpo_run_groups_envs_by_initial_state(sft_checkpoint, tmp_path):
 
 
 def test_critic_warm_up_moves_the_value_head_only(sft_checkpoint):
-    from vla_rl.actor import SamplerConfig
     from vla_rl.checkpoint import load_policy
     from vla_rl.envs.builtin import ColorReachEnv
-    from vla_rl.learner import Learner, PPOConfig
-    from vla_rl.rollout import LogProbConfig, collect_rollout
+    from vla_rl.rl.actor import SamplerConfig
+    from vla_rl.rl.learner import Learner, PPOConfig
+    from vla_rl.rl.rollout import LogProbConfig, collect_rollout
 
     model, norm, _ = load_policy(sft_checkpoint)
     actor = Actor(model, norm, env_state_dim=4, env_action_dim=2)
@@ -226,7 +226,7 @@ def test_critic_warm_up_moves_the_value_head_only(sft_checkpoint):
 
 
 def test_actor_learning_rate_schedule_by_hand():
-    from vla_rl.learner import PPOConfig, actor_lr_scale
+    from vla_rl.rl.learner import PPOConfig, actor_lr_scale
 
     cfg = PPOConfig(critic_warmup_iters=2, actor_lr_warmup_iters=4)
     assert [actor_lr_scale(i, cfg) for i in range(8)] == [0.0, 0.0, 0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
@@ -238,7 +238,7 @@ def test_actor_learning_rate_schedule_by_hand():
 def test_actor_learning_rate_decay_by_hand():
     import math
 
-    from vla_rl.learner import PPOConfig, actor_lr_scale
+    from vla_rl.rl.learner import PPOConfig, actor_lr_scale
 
     # critic warm-up 1, ramp over 2 (0.5 at iteration 1, 1.0 at 2), then linear to 0.2 at the last iteration (6)
     lin = PPOConfig(critic_warmup_iters=1, actor_lr_warmup_iters=2, actor_lr_decay="linear", actor_lr_final=0.2)
@@ -282,8 +282,8 @@ def test_trainer_decays_the_actor_learning_rate_over_the_run(sft_checkpoint, tmp
 def test_rollout_seeds_are_disjoint_across_iterations_and_away_from_demo_and_eval_seeds():
     # Worker envs give env i the seed rollout_seed + i. The old seed (seed * 1_000_003 + iteration) made
     # iteration it use it .. it + 15 on 16 envs: 100 iterations saw 115 initial states, the demos' own.
-    from vla_rl.evaluate import EvalConfig
-    from vla_rl.trainer import rollout_seed
+    from vla_rl.eval.evaluate import EvalConfig
+    from vla_rl.rl.trainer import rollout_seed
 
     for seed in (0, 3):
         blocks = [set(range(rollout_seed(seed, it, 16), rollout_seed(seed, it, 16) + 16)) for it in range(200)]
@@ -294,8 +294,8 @@ def test_rollout_seeds_are_disjoint_across_iterations_and_away_from_demo_and_eva
 
 def test_reward_scale_scales_the_value_targets(sft_checkpoint, tmp_path):
     from vla_rl.checkpoint import load_policy
-    from vla_rl.learner import Learner, PPOConfig
-    from vla_rl.rollout import Rollout
+    from vla_rl.rl.learner import Learner, PPOConfig
+    from vla_rl.rl.rollout import Rollout
 
     model, norm, _ = load_policy(sft_checkpoint)
     actor = Actor(model, norm, env_state_dim=4, env_action_dim=2)
@@ -318,7 +318,7 @@ def test_reward_scale_scales_the_value_targets(sft_checkpoint, tmp_path):
 
 
 def test_actor_and_critic_gradients_are_clipped_separately():
-    from vla_rl.learner import clip_grad_norms
+    from vla_rl.rl.learner import clip_grad_norms
 
     actor_p, critic_p = torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(3))
     opt = torch.optim.AdamW([{"params": [actor_p], "name": "actor"}, {"params": [critic_p], "name": "critic"}])
@@ -337,7 +337,7 @@ def test_evaluation_rounds_cover_distinct_initial_states():
     from types import SimpleNamespace
 
     from vla_rl.envs.base import ChunkStep
-    from vla_rl.evaluate import evaluate
+    from vla_rl.eval.evaluate import evaluate
 
     class SeedPerEnv:  # the worker-env seeding convention; every episode ends (successfully) in one chunk
         num_envs = 4
@@ -371,8 +371,8 @@ def test_evaluation_shares_the_training_env_and_gets_the_same_numbers(sft_checkp
     and give what a fresh env of the same size gives, even right after a rollout left it mid-episode."""
     from dataclasses import replace
 
-    from vla_rl.evaluate import evaluate
-    from vla_rl.trainer import make_env
+    from vla_rl.env_factory import make_env
+    from vla_rl.eval.evaluate import evaluate
 
     cfg = config(sft_checkpoint, tmp_path / "shared", iterations=1, eval_episodes=12)
     trainer = Trainer(cfg, log=lambda *_: None)
@@ -388,7 +388,7 @@ def test_evaluation_shares_the_training_env_and_gets_the_same_numbers(sft_checkp
 
 
 def test_first_episode_mask_marks_each_envs_first_ended_episode():
-    from vla_rl.rollout import first_episode_mask
+    from vla_rl.rl.rollout import first_episode_mask
 
     assert first_episode_mask([3, 1, 3, 0, 1, 3]) == [True, True, False, True, False, False]
     assert first_episode_mask([]) == []
@@ -408,7 +408,7 @@ def test_best_checkpoint_is_the_best_evaluation_and_survives_resume(sft_checkpoi
     """checkpoints/best holds the weights of the first iteration with the highest evaluation so far, across
     a resume, and is a policy folder ``vla-rl eval`` reads (it reproduces the recorded success)."""
     from vla_rl.checkpoint import read_tensors, read_yaml_file
-    from vla_rl.evaluate import evaluate_checkpoint
+    from vla_rl.eval.evaluate import evaluate_checkpoint
 
     # A large actor lr so the evaluations move; every checkpoint kept so each iteration's weights can be compared.
     # Resumed after 4 of 5 iterations: with these seeds iteration 4 sets the maximum and 5 ties it, so a trainer
@@ -431,7 +431,7 @@ def test_best_checkpoint_is_the_best_evaluation_and_survives_resume(sft_checkpoi
 
 
 def test_eval_method_train_evaluates_with_the_rollout_sampler(sft_checkpoint, tmp_path, monkeypatch):
-    import vla_rl.trainer as tr
+    import vla_rl.rl.trainer as tr
 
     seen, real = [], tr.evaluate
     monkeypatch.setattr(tr, "evaluate", lambda *a, **k: seen.append(k["sampler"]) or real(*a, **k))

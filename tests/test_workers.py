@@ -206,12 +206,12 @@ def test_auto_grouping_gives_one_worker_per_core(monkeypatch):
 
 def test_env_config_checks_envs_per_worker():
     from vla_rl.config import ConfigError
-    from vla_rl.trainer import EnvConfig, make_env
+    from vla_rl.env_factory import EnvConfig, make_env
 
-    with pytest.raises(ConfigError, match="envs_per_worker must be >= 1"):
+    with pytest.raises(ConfigError, match=r"envs_per_worker = 0 is outside its valid range \(0, inf\)"):
         EnvConfig(kind="maniskill", envs_per_worker=0)
     with pytest.raises(ConfigError, match="envs_per_worker is for worker envs"):
-        make_env(EnvConfig(kind="builtin", envs_per_worker=4), num_envs=8, device=torch.device("cpu"), seed=0)
+        EnvConfig(kind="builtin", envs_per_worker=4)
     assert make_env(EnvConfig(kind="builtin"), num_envs=8, device=torch.device("cpu"), seed=0).num_envs == 8
 
 

@@ -7,7 +7,7 @@ import sys
 
 from vla_rl.checkpoint import CheckpointError
 from vla_rl.config import ConfigError, from_dict, merge, parse_overrides, preset_path, read_yaml
-from vla_rl.lerobot import LeRobotDatasetError
+from vla_rl.data.lerobot import LeRobotDatasetError
 
 
 def _demo(args) -> int:
@@ -19,7 +19,7 @@ def _demo(args) -> int:
 
 
 def _train(args) -> int:
-    from vla_rl.trainer import TrainConfig, Trainer, resume_trainer
+    from vla_rl.rl.trainer import TrainConfig, Trainer, resume_trainer
 
     overrides = parse_overrides(args.overrides)
     if args.no_progress:
@@ -44,7 +44,7 @@ def _train(args) -> int:
 
 
 def _eval(args) -> int:
-    from vla_rl.evaluate import evaluate_checkpoint
+    from vla_rl.eval.evaluate import evaluate_checkpoint
 
     if args.libero:
         return _eval_libero(args)
@@ -55,7 +55,7 @@ def _eval(args) -> int:
 
 
 def _compare(args) -> int:
-    from vla_rl.paired import EpisodeFileError, compare, format_result, load_side
+    from vla_rl.eval.paired import EpisodeFileError, compare, format_result, load_side
 
     try:
         base = load_side([f for f in args.base.split(",") if f])
@@ -70,7 +70,7 @@ def _compare(args) -> int:
 
 def _eval_libero(args) -> int:
     from vla_rl.envs.libero import LiberoNotInstalled
-    from vla_rl.libero_eval import LiberoEvalConfig, evaluate_libero_checkpoint
+    from vla_rl.eval.libero import LiberoEvalConfig, evaluate_libero_checkpoint
 
     overrides = parse_overrides(args.overrides)
     overrides["suites"] = [s for s in args.libero.split(",") if s]
@@ -87,10 +87,10 @@ def _eval_libero(args) -> int:
 
 
 def _collect(args) -> int:
-    from vla_rl.collect import CollectConfig, collect_dataset
+    from vla_rl.data.collect import CollectConfig, collect_dataset
 
     if args.kind == "libero":
-        from vla_rl.libero_demos import LiberoRecordConfig, record_libero_dataset
+        from vla_rl.data.libero_demos import LiberoRecordConfig, record_libero_dataset
 
         lcfg = from_dict(LiberoRecordConfig, parse_overrides(args.overrides))
         path = record_libero_dataset(args.out, lcfg)

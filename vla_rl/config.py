@@ -31,7 +31,64 @@ T = TypeVar("T")
 
 
 class ConfigError(ValueError):
-    """A configuration key is unknown, missing or of the wrong type."""
+    """A configuration key is unknown, missing, of the wrong type or out of its range."""
+
+
+# ----------------------------------------------------------------------------------------------------
+# Declared ranges: every numeric field of a config says which values are valid, and __post_init__ checks
+# them (check_ranges), so a bad number is refused when the config is built, before any work starts.
+# ----------------------------------------------------------------------------------------------------
+def ranged(default: Any = dataclasses.MISSING, lo: float | None = None, hi: float | None = None, *,
+           lo_open: bool = False, hi_open: bool = False, **kwargs) -> Any:
+    """A dataclass field whose value must lie in [lo, hi] (``lo_open`` / ``hi_open``: excluded). None as a
+    value is allowed only if the field's type allows it; floats must be finite."""
+    meta = {**kwargs.pop("metadata", {}), "range": (lo, hi, lo_open, hi_open)}
+    return dataclasses.field(default=default, metadata=meta, **kwargs)
+
+
+def positive(default: Any = dataclasses.MISSING, **kwargs) -> Any:
+    """A field that must be > 0."""
+    return ranged(default, 0, None, lo_open=True, **kwargs)
+
+
+def nonneg(default: Any = dataclasses.MISSING, **kwargs) -> Any:
+    """A field that must be >= 0."""
+    return ranged(default, 0, None, **kwargs)
+
+
+def fraction(default: Any = dataclasses.MISSING, **kwargs) -> Any:
+    """A field in [0, 1]."""
+    return ranged(default, 0, 1, **kwargs)
+
+
+def describe_range(spec: tuple) -> str:
+    lo, hi, lo_open, hi_open = (tuple(spec) + (False, False))[:4]
+    left = "(" if lo_open or lo is None else "["
+    right = ")" if hi_open or hi is None else "]"
+    return f"{left}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}{right}"
+
+
+def check_ranges(obj: Any, prefix: str = "") -> None:
+    """Check every field of dataclass ``obj`` that declares a range (and that float fields are finite);
+    raise :class:`ConfigError` naming the field, the value and the range."""
+    import math
+
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        spec = f.metadata.get("range")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key} = {value!r} is not a finite number"
+                              + (f"; valid range {describe_range(spec)}" if spec else ""))
+        if spec is None:
+            continue
+        lo, hi, lo_open, hi_open = (tuple(spec) + (False, False))[:4]
+        bad = ((lo is not None and (value < lo or (lo_open and value == lo)))
+               or (hi is not None and (value > hi or (hi_open and value == hi))))
+        if bad:
+            raise ConfigError(f"{key} = {value!r} is outside its valid range {describe_range(spec)}")
 
 
 def _check_value(tp: Any, value: Any, key: str) -> Any:
@@ -104,6 +161,9 @@ def from_dict(cls: type[T], data: dict, *, prefix: str = "") -> T:
     """Build dataclass ``cls`` from ``data``; missing keys keep their defaults."""
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or cls.__name__}: expected a mapping, got {type(data).__name__}")
+    upgrade = getattr(cls, "upgrade", None)
+    if upgrade is not None:  # a config that reads an older spelling of itself (e.g. EnvConfig's `options`)
+        data = upgrade(data)
     hints = get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
@@ -115,9 +175,16 @@ def from_dict(cls: type[T], data: dict, *, prefix: str = "") -> T:
         key = f"{prefix}.{name}" if prefix else name
         kwargs[name] = _check_value(hints[name], value, key)
     try:
-        return cls(**kwargs)
-    except TypeError as e:  # a field without default left out
+        obj = cls(**kwargs)
+    except ConfigError as e:  # from __post_init__: messages start with the field's name, or are general
+        msg = str(e)
+        if prefix:
+            head = msg.split(" ", 1)[0].split(".", 1)[0]
+            msg = f"{prefix}.{msg}" if head in fields else f"{prefix}: {msg}"
+        raise ConfigError(msg) from None
+    except (TypeError, ValueError) as e:  # a field without default left out, or a check in __post_init__
         raise ConfigError(f"{prefix or cls.__name__}: {e}") from None
+    return obj
 
 
 def to_dict(cfg: Any) -> dict:

@@ -18,16 +18,16 @@ from pathlib import Path
 
 import torch
 
-from vla_rl.actor import Actor, SamplerConfig
 from vla_rl.checkpoint import save_policy
-from vla_rl.collect import collect_builtin_demos
 from vla_rl.config import load_preset, to_dict
+from vla_rl.data.collect import collect_builtin_demos
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
-from vla_rl.evaluate import evaluate
+from vla_rl.eval.evaluate import evaluate
 from vla_rl.policies import flow
 from vla_rl.policies.config import policy_preset
 from vla_rl.policies.model import FlowPolicy, count_parameters
 from vla_rl.policies.normalize import NormStats, Stats
+from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.sft import SFTConfig, train_sft
 
 
@@ -47,7 +47,7 @@ class DemoConfig:
 
 
 def run_demo(cfg: DemoConfig, *, progress: bool = True) -> dict:
-    from vla_rl.trainer import TrainConfig, Trainer
+    from vla_rl.rl.trainer import TrainConfig, Trainer
 
     torch.manual_seed(cfg.seed)
     t0 = time.time()

@@ -10,9 +10,9 @@ from typing import Any, Literal
 import torch
 from tqdm.auto import tqdm
 
-from vla_rl.actor import Actor, SamplerConfig
-from vla_rl.data import DemoDataset, drop_idle_frames
+from vla_rl.data.dataset import DemoDataset, drop_idle_frames
 from vla_rl.policies import flow
+from vla_rl.rl.actor import Actor, SamplerConfig
 
 
 @dataclass(frozen=True)
@@ -76,8 +76,8 @@ def train_sft(actor: Actor, data: DemoDataset, cfg: SFTConfig, *, progress: bool
 
 @dataclass(frozen=True)
 class SFTRunConfig:
-    """``vla-rl sft DATASET`` settings (DATASET: a LeRobot v3.0 / v2.x folder, see :mod:`vla_rl.lerobot`, or a
-    ManiSkill trajectory ``.h5`` with state observations, see :mod:`vla_rl.maniskill_demos`)."""
+    """``vla-rl sft DATASET`` settings (DATASET: a LeRobot v3.0 / v2.x folder, see :mod:`vla_rl.data.lerobot`, or a
+    ManiSkill trajectory ``.h5`` with state observations, see :mod:`vla_rl.data.maniskill_demos`)."""
 
     model: str = "tiny"                    # model preset (configs/model) ...
     policy: dict[str, Any] = field(default_factory=dict)  # ... with these PolicyConfig overrides (policy.depth=2)
@@ -107,26 +107,26 @@ def load_demos(dataset: str | Path, max_episodes: int | None = None) -> tuple[De
     ``dataset``: a LeRobot v3.0 folder (its info.json's ``vla_rl`` entry names the env) or a ManiSkill
     trajectory ``.h5`` (the task and control mode come from the ``.json`` beside it)."""
     from vla_rl.config import to_dict
-    from vla_rl.lerobot import read_lerobot_dataset, read_lerobot_info
+    from vla_rl.data.lerobot import read_lerobot_dataset, read_lerobot_info
 
     path = Path(dataset)
     if path.suffix == ".h5":
-        from vla_rl.maniskill_demos import demo_env_config, read_maniskill_h5, read_trajectory_info
+        from vla_rl.data.maniskill_demos import demo_env_config, read_maniskill_h5, read_trajectory_info
 
         data = read_maniskill_h5(path, max_episodes=max_episodes)
         meta = read_trajectory_info(path)
         env_cfg = demo_env_config(data, task=meta.task, control_mode=meta.control_mode or "pd_ee_delta_pose",
                                   obs_mode=meta.obs_mode or "state")
-        return data, {"kind": "maniskill", "options": to_dict(env_cfg)}
+        return data, {"kind": "maniskill", "maniskill": to_dict(env_cfg)}
     info = read_lerobot_info(path)
     data = read_lerobot_dataset(path, max_episodes=max_episodes)
     origin = info.get("vla_rl") if isinstance(info.get("vla_rl"), dict) else {}
     if origin.get("env") == "builtin":
         return data, {"kind": "builtin", "builtin": origin.get("env_config") or {}}
     if origin.get("env") == "maniskill":
-        return data, {"kind": "maniskill", "options": origin.get("env_config") or {}}
+        return data, {"kind": "maniskill", "maniskill": origin.get("env_config") or {}}
     if origin.get("env") == "libero":
-        return data, {"kind": "libero", "options": origin.get("env_config") or {}}
+        return data, {"kind": "libero", "libero": origin.get("env_config") or {}}
     return data, {}
 
 
@@ -150,11 +150,11 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True) ->
     them (sizes only grow: a smaller env vector is zero-padded into the model's)."""
     from vla_rl.checkpoint import save_policy
     from vla_rl.config import ConfigError, from_dict, to_dict
-    from vla_rl.evaluate import evaluate
+    from vla_rl.env_factory import EnvConfig, make_env
+    from vla_rl.eval.evaluate import evaluate
     from vla_rl.policies.config import policy_preset
     from vla_rl.policies.model import FlowPolicy, count_parameters
     from vla_rl.policies.normalize import NormStats, Stats, parse_dims
-    from vla_rl.trainer import EnvConfig, make_env
 
     torch.manual_seed(cfg.seed)
     if cfg.max_episodes is not None and cfg.max_episodes < 1:
@@ -200,7 +200,7 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True) ->
     print(f"flow-matching loss {log[0]['losses/flow_matching']:.3f} -> {log[-1]['losses/flow_matching']:.3f}")
     kind = env_dict.get("kind")
     env_name = {"builtin": "builtin/color_reach",
-                "maniskill": f"maniskill/{env_dict.get('options', {}).get('task')}"}.get(kind, "lerobot")
+                "maniskill": f"maniskill/{env_dict.get('maniskill', {}).get('task')}"}.get(kind, "lerobot")
     path = save_policy(cfg.out, model, norm, meta={
         "env": {"name": env_name, "state_dim": state_dim, "action_dim": action_dim},
         "env_config": env_dict,  # what `vla-rl eval` / `vla-rl train init=` use by default

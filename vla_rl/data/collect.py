@@ -9,7 +9,7 @@ from typing import Literal
 import torch
 
 from vla_rl.config import ConfigError, to_dict
-from vla_rl.data import DemoDataset
+from vla_rl.data.dataset import DemoDataset
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
 
 # Kinds of scripted experts ``vla-rl collect`` knows: the built-in task's expert, ManiSkill's motion planners.
@@ -28,7 +28,7 @@ class CollectConfig:
     env: ColorReachConfig = field(default_factory=ColorReachConfig)
     # camera images as MP4 files (AV1, lossy, LeRobot's default for recorded data) instead of PNG in the parquet
     video: bool = False
-    # ManiSkill only (vla_rl.maniskill_demos): the task, the control mode demos are converted to, and the
+    # ManiSkill only (vla_rl.data.maniskill_demos): the task, the control mode demos are converted to, and the
     # episode limit recorded for evaluation / RL (None: the task's, raised to 1.5 x the longest demo).
     task: str = "PushCube-v1"
     control_mode: str = "pd_ee_delta_pose"
@@ -75,18 +75,18 @@ def collect_builtin_demos(num_episodes: int, *, seed: int = 0, noise: float = 0.
 def collect_dataset(kind: str, out: str | Path, cfg: CollectConfig) -> Path:
     """Collect ``cfg.episodes`` expert demos of ``kind`` and write them as a LeRobot v3.0 dataset at ``out``
     (``builtin``: the scripted expert; ``maniskill``: ManiSkill's motion planner for ``cfg.task``, converted
-    to ``cfg.control_mode`` with state observations, see :mod:`vla_rl.maniskill_demos`).
+    to ``cfg.control_mode`` with state observations, see :mod:`vla_rl.data.maniskill_demos`).
 
     info.json records the env (``"vla_rl": {"env": ..., "env_config": ...}``) so ``vla-rl sft`` can
     evaluate on the task the demos came from."""
-    from vla_rl.lerobot import write_lerobot_dataset
+    from vla_rl.data.lerobot import write_lerobot_dataset
 
     if kind not in COLLECT_KINDS:
         raise ConfigError(f"unknown collect kind {kind!r}; supported: {list(COLLECT_KINDS)}")
     if cfg.episodes < 1 or cfg.num_envs < 1 or (cfg.fps is not None and cfg.fps < 1):
         raise ConfigError("episodes, num_envs and fps must be >= 1")
     if kind == "maniskill":
-        from vla_rl.maniskill_demos import PLANNED_TASKS, collect_maniskill
+        from vla_rl.data.maniskill_demos import PLANNED_TASKS, collect_maniskill
 
         if cfg.task not in PLANNED_TASKS:
             raise ConfigError(f"ManiSkill has no motion-planning solution for task={cfg.task!r}; it has one for: "

@@ -14,12 +14,12 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from vla_rl import advantages as adv_lib
-from vla_rl import losses
-from vla_rl.actor import Actor
 from vla_rl.config import ConfigError
 from vla_rl.policies import flow
-from vla_rl.rollout import LogProbConfig, Rollout, aggregate_log_prob
+from vla_rl.rl import advantages as adv_lib
+from vla_rl.rl import losses
+from vla_rl.rl.actor import Actor
+from vla_rl.rl.rollout import LogProbConfig, Rollout, aggregate_log_prob
 
 PREFIX_MODULES = ("patch_embed", "vision_pos", "vision_blocks", "vision_norm", "vision_proj", "text_embed",
                   "state_proj", "state_embed", "state_dim_embed", "prefix_layers", "prefix_norm")

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import torch
 
 from vla_rl.checkpoint import atomic_folder
-from vla_rl.data import DemoDataset
+from vla_rl.data.dataset import DemoDataset
 
 # Our LeRobot writer's names -> the LIBERO layout's.
 LIBERO_FEATURES = {"observation.images.image": "image", "observation.images.wrist_image": "wrist_image",
@@ -108,7 +108,7 @@ def record_libero_episodes(cfg: LiberoRecordConfig, *, progress: bool = True) ->
 def write_libero_layout(path: str | Path, data: DemoDataset, *, fps: int = 10, extra_info: dict | None = None) -> Path:
     """Write ``data`` (cameras agentview, wrist) as a LeRobot v3.0 dataset with the LIBERO feature names
     (``image``, ``wrist_image``, ``state``, ``actions``), atomically."""
-    from vla_rl.lerobot import write_lerobot_dataset
+    from vla_rl.data.lerobot import write_lerobot_dataset
 
     if data.images.shape[1] != 2:
         raise ValueError(f"the LIBERO layout has 2 cameras (image, wrist_image), the data has {data.images.shape[1]}")

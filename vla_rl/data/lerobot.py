@@ -1,7 +1,7 @@
 """Demonstrations on disk in LeRobot's dataset format, read and written with pyarrow and PyAV alone.
 
 ``lerobot`` itself is not a dependency (its releases pin an older torch), so this module implements the
-part of the format a :class:`~vla_rl.data.DemoDataset` needs. It writes v3.0::
+part of the format a :class:`~vla_rl.data.dataset.DemoDataset` needs. It writes v3.0::
 
     DATASET/
       meta/info.json                             codebase_version "v3.0", fps, features, paths, counts
@@ -9,7 +9,7 @@ part of the format a :class:`~vla_rl.data.DemoDataset` needs. It writes v3.0::
       meta/tasks.parquet                         task string (pandas index) -> task_index
       meta/episodes/chunk-000/file-000.parquet   one row per episode: length, tasks, frame range, data file
       data/chunk-000/file-000.parquet            one row per frame
-      videos/<camera feature>/chunk-000/file-000.mp4   video features only (see :mod:`vla_rl.lerobot_video`)
+      videos/<camera feature>/chunk-000/file-000.mp4   video features only (see :mod:`vla_rl.data.lerobot_video`)
 
 and reads v3.0 and v2.0 / v2.1 (``data/chunk-000/episode_000000.parquet`` and
 ``videos/chunk-000/<camera feature>/episode_000000.mp4`` per episode, ``meta/episodes.jsonl``,
@@ -37,8 +37,8 @@ import torch
 from PIL import Image
 
 from vla_rl.checkpoint import atomic_folder
-from vla_rl.data import DemoDataset
-from vla_rl.lerobot_video import DEFAULT_CODEC, PIX_FMT, VideoError, VideoWriter, codec_name, read_frames
+from vla_rl.data.dataset import DemoDataset
+from vla_rl.data.lerobot_video import DEFAULT_CODEC, PIX_FMT, VideoError, VideoWriter, codec_name, read_frames
 
 CODEBASE_VERSION = "v3.0"    # what is written
 # What is read. v2.x (LeRobot until mid-2025; many hub datasets, openpi's LIBERO data) keeps one parquet

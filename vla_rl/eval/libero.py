@@ -20,14 +20,15 @@ from typing import Any, Literal
 
 import torch
 
-from vla_rl.actor import Actor, SamplerConfig
 from vla_rl.checkpoint import CheckpointError
 from vla_rl.config import ConfigError, from_dict, to_dict
+from vla_rl.env_factory import EnvConfig
 from vla_rl.envs.libero import ACTION_DIM, STATE_DIM, SUITE_MAX_STEPS, LiberoConfig, LiberoProtocolResult
+from vla_rl.rl.actor import Actor, SamplerConfig
 
 OFFICIAL_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10")
 CAMERA_SETS = {1: ("agentview",), 2: ("agentview", "wrist")}   # model cameras -> LIBERO cameras
-# Orientation of the images in openpi's LIBERO datasets (and of vla_rl.libero_demos recordings).
+# Orientation of the images in openpi's LIBERO datasets (and of vla_rl.data.libero_demos recordings).
 DATASET_ORIENTATION = "rot180"
 
 
@@ -67,7 +68,7 @@ class LiberoEvalConfig:
 
 
 def libero_env_config(config: dict, model_cfg, cfg: LiberoEvalConfig, train_env: dict | None = None) -> LiberoConfig:
-    """The LIBERO env config for a checkpoint: the ``env.options`` of the LIBERO env it was trained on
+    """The LIBERO env config for a checkpoint: the ``env.libero`` settings of the LIBERO env it was trained on
     (``train_env``, else the checkpoint's ``env_config``), else the datasets' orientation ``rot180``;
     then ``cfg.env``; checked against the model's inputs. The protocol's own keys (suite, tasks, init
     states) and the step limit (official unless ``cfg.env`` sets one) are not taken over.
@@ -87,7 +88,7 @@ def libero_env_config(config: dict, model_cfg, cfg: LiberoEvalConfig, train_env:
     base: dict = {"image_orientation": DATASET_ORIENTATION}
     train_env = train_env or config.get("env_config")
     if isinstance(train_env, dict) and train_env.get("kind") == "libero":
-        base = {k: v for k, v in (train_env.get("options") or {}).items()
+        base = {k: v for k, v in (EnvConfig.upgrade(train_env).get("libero") or {}).items()
                 if k not in ("suite", "task_ids", "init_state_ids", "max_episode_steps")}
     opts = {**base, **cfg.env}
     n_cams = model_cfg.num_cameras

@@ -9,7 +9,7 @@ The pipeline behind ``vla-rl collect maniskill`` (each step a function, so each 
    observation mode the policy uses (default ``pd_ee_delta_pose``, ``state``): the converter tracks the
    joint-space plan closed-loop with the target controller and keeps the replays that still succeed.
 3. :func:`read_maniskill_h5` turns such a file (or any ManiSkill trajectory file a user brings) into a
-   :class:`~vla_rl.data.DemoDataset`; :func:`collect_maniskill` writes it as a LeRobot v3.0 dataset.
+   :class:`~vla_rl.data.dataset.DemoDataset`; :func:`collect_maniskill` writes it as a LeRobot v3.0 dataset.
 
 ManiSkill's trajectory format: ``traj_<i>/obs`` has one more row than ``traj_<i>/actions`` (the final
 observation); frame ``t`` pairs ``obs[t]`` with ``actions[t]``. The ``.json`` beside the file names the
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vla_rl.data import DemoDataset
+from vla_rl.data.dataset import DemoDataset
 from vla_rl.envs.maniskill import default_instruction, ensure_vulkan
 
 # The tasks ManiSkill 3.0.1 ships a Panda motion-planning solution for (``...panda.solutions``).
@@ -287,8 +287,8 @@ def refresh_dataset_first_frames(dataset: str | Path, out: str | Path, *, log=pr
     into ``out``, from the ManiSkill file it names (info.json ``vla_rl.source``), first frames re-observed.
     State datasets only; the actions and every later frame must equal the dataset's, else an error."""
     from vla_rl.config import from_dict
+    from vla_rl.data.lerobot import read_lerobot_dataset, read_lerobot_info, write_lerobot_dataset
     from vla_rl.envs.maniskill import ManiSkillConfig
-    from vla_rl.lerobot import read_lerobot_dataset, read_lerobot_info, write_lerobot_dataset
 
     info = read_lerobot_info(dataset)
     meta = info.get("vla_rl") or {}
@@ -348,7 +348,7 @@ def collect_maniskill(out: str | Path, *, task: str, episodes: int, seed: int = 
     import h5py
 
     from vla_rl.config import to_dict
-    from vla_rl.lerobot import write_lerobot_dataset
+    from vla_rl.data.lerobot import write_lerobot_dataset
 
     out = Path(out)
     raw_dir = out.with_name(out.name + ".maniskill")

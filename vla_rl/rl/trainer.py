@@ -17,13 +17,12 @@ import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 import yaml
 from tqdm.auto import tqdm
 
-from vla_rl.actor import Actor, SamplerConfig
 from vla_rl.checkpoint import (
     CheckpointError,
     load_policy,
@@ -33,30 +32,16 @@ from vla_rl.checkpoint import (
     write_atomic_folder,
 )
 from vla_rl.config import ConfigError, from_dict, to_dict
-from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
-from vla_rl.evaluate import evaluate
-from vla_rl.learner import Learner, PPOConfig
+from vla_rl.env_factory import EnvConfig, make_env
+from vla_rl.eval.evaluate import evaluate
 from vla_rl.policies.config import policy_preset
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.rollout import collect_rollout, first_episode_mask
+from vla_rl.rl.actor import Actor, SamplerConfig
+from vla_rl.rl.learner import Learner, PPOConfig
+from vla_rl.rl.rollout import collect_rollout, first_episode_mask
 
 CHECKPOINT_PREFIX = "iter_"
-
-
-@dataclass(frozen=True)
-class EnvConfig:
-    kind: Literal["builtin", "maniskill", "libero"] = "builtin"
-    num_envs: int = 64
-    builtin: ColorReachConfig = field(default_factory=ColorReachConfig)
-    options: dict[str, Any] = field(default_factory=dict)  # the ManiSkill / LIBERO adapter's own config
-    # Worker envs (ManiSkill on CPU, LIBERO): envs per worker process. None: one worker per CPU core.
-    envs_per_worker: int | None = None
-
-    def __post_init__(self):
-        if self.num_envs < 1 or (self.envs_per_worker is not None and self.envs_per_worker < 1):
-            raise ConfigError(f"env.num_envs and env.envs_per_worker must be >= 1, got {self.num_envs}, "
-                              f"{self.envs_per_worker}")
 
 
 @dataclass(frozen=True)
@@ -90,48 +75,6 @@ class TrainConfig:
             raise ConfigError("execute and rollout_chunks must be >= 1, iterations >= 0")
         if self.eval_method not in ("ode", "train"):
             raise ConfigError(f"eval_method must be 'ode' or 'train', got {self.eval_method!r}")
-
-
-def task_config(cfg: EnvConfig):
-    """The typed task config of ``cfg`` with every default filled in: ``env.builtin`` for the built-in env,
-    ``env.options`` read into the adapter's config (``ManiSkillConfig``, ``LiberoConfig``) for the others."""
-    if cfg.kind == "builtin":
-        return cfg.builtin
-    if cfg.kind == "maniskill":
-        from vla_rl.envs.maniskill import ManiSkillConfig
-
-        return from_dict(ManiSkillConfig, cfg.options, prefix="env.options")
-    if cfg.kind == "libero":
-        from vla_rl.envs.libero import LiberoConfig
-
-        return from_dict(LiberoConfig, cfg.options, prefix="env.options")
-    raise ConfigError(f"unknown env.kind {cfg.kind!r}")
-
-
-def make_env(cfg: EnvConfig, *, num_envs: int, device: torch.device, seed: int):
-    """Build the batched env of ``cfg`` (the trainer never imports a simulator itself)."""
-    if cfg.kind == "builtin":
-        if cfg.options:
-            raise ConfigError(f"env.options is for maniskill / libero; builtin uses env.builtin "
-                              f"(got {sorted(cfg.options)})")
-        if cfg.envs_per_worker not in (None, 1):
-            raise ConfigError("env.envs_per_worker is for worker envs (maniskill on CPU, libero); the builtin "
-                              "env runs in-process as one batch")
-        return ColorReachEnv(num_envs, config=cfg.builtin, device=device, seed=seed)
-    if cfg.kind == "maniskill":
-        from vla_rl.envs.maniskill import make_maniskill_env
-
-        return make_maniskill_env(task_config(cfg), num_envs, device=device, seed=seed,
-                                  envs_per_worker=cfg.envs_per_worker)
-    if cfg.kind == "libero":
-        import functools
-
-        from vla_rl.envs.libero import LiberoSingleEnv
-        from vla_rl.envs.workers import WorkerVectorEnv
-
-        return WorkerVectorEnv(functools.partial(LiberoSingleEnv, task_config(cfg)), num_envs, seed=seed,
-                               name="libero", envs_per_worker=cfg.envs_per_worker)
-    raise ConfigError(f"unknown env.kind {cfg.kind!r}")
 
 
 ROLLOUT_SEED_BASE = 1_000_000

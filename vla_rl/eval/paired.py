@@ -8,7 +8,7 @@ seeds' share of that spread: the standard error of a paired difference is ``sd(d
 correlated over seeds. The exact sign test (McNemar's, on the discordant episodes) gives a p-value that
 assumes nothing about the size of the spread.
 
-Episodes pair by ``(reset_seed, env_index)``, the key :func:`vla_rl.evaluate.evaluate_episodes` records.
+Episodes pair by ``(reset_seed, env_index)``, the key :func:`vla_rl.eval.evaluate.evaluate_episodes` records.
 Files are ``vla-rl eval CKPT out=FILE.json`` outputs; several files per side pool (e.g. the 10k and 20k
 seed blocks).
 """
@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from vla_rl.evaluate import EPISODE_FILE_FORMAT, EPISODE_METRICS
+from vla_rl.eval.evaluate import EPISODE_FILE_FORMAT, EPISODE_METRICS
 
 
 class EpisodeFileError(ValueError):

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from vla_rl.actor import Actor, SamplerConfig
 from vla_rl.policies import flow
+from vla_rl.rl.actor import Actor, SamplerConfig
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def first_episode_mask(env_index: list[int]) -> list[bool]:
     PickCube (150-step limit, 152-step rollouts; an episode ends only by success or at the limit, so every
     second episode that ends in the rollout is a success), 64 envs ended 73 episodes in one iteration and
     ``rollout/success_once`` read 26 / 73 = 0.36, where the 64 first episodes hold 26 - 9 = 17, i.e. 0.27.
-    Over first episodes only (the rule :func:`vla_rl.evaluate.first_episodes` applies), and with a rollout
+    Over first episodes only (the rule :func:`vla_rl.eval.evaluate.first_episodes` applies), and with a rollout
     as long as the episode limit, every env counts once and the rate is unbiased."""
     seen: set[int] = set()
     out = []

@@ -11,7 +11,8 @@ from typing import Any, Literal
 
 import torch
 
-from vla_rl.actor import Actor, SamplerConfig
+from vla_rl.env_factory import EnvConfig, env_identity, make_env
+from vla_rl.rl.actor import Actor, SamplerConfig
 
 EPISODE_METRICS = ("success_once", "success_at_end", "return", "length")
 
@@ -47,7 +48,7 @@ def evaluate_episodes(actor: Actor, env, *, num_episodes: int, sampler: SamplerC
                       execute: int | None = None, seed: int = 1000) -> list[dict[str, float | int]]:
     """Each of ``num_episodes`` episodes' metrics, with where it came from: ``reset_seed`` (its round's
     reset seed) and ``env_index``. The same (reset_seed, env_index) with the same ``env.num_envs`` is the same
-    initial state, so two policies' records pair episode by episode (:mod:`vla_rl.paired`).
+    initial state, so two policies' records pair episode by episode (:mod:`vla_rl.eval.paired`).
 
     Round ``r`` of ``env.num_envs`` episodes resets with seed ``seed + r * num_envs`` (fixed seeds: a result
     is reproducible); ``execute`` actions of each chunk are run (default: the whole chunk). Why that stride:
@@ -111,10 +112,9 @@ class EvalConfig:
 def open_checkpoint(path: str | Path, *, env_config, num_envs: int, device: torch.device,
                     seed: int) -> tuple[Actor, Any]:
     """A policy or training checkpoint folder's policy as an :class:`Actor` on ``device``, and ``num_envs``
-    of the env ``env_config`` (an :class:`~vla_rl.trainer.EnvConfig`, usually
+    of the env ``env_config`` (an :class:`~vla_rl.env_factory.EnvConfig`, usually
     :func:`checkpoint_env_config` of the same folder)."""
     from vla_rl.checkpoint import load_policy
-    from vla_rl.trainer import make_env
 
     model, norm, _ = load_policy(Path(path))
     env = make_env(env_config, num_envs=num_envs, device=device, seed=seed)
@@ -133,7 +133,6 @@ def checkpoint_env_config(path: str | Path, env_overrides: dict):
     an SFT policy was trained for (its saved config), with ``env_overrides`` on top."""
     from vla_rl.checkpoint import read_yaml_file
     from vla_rl.config import from_dict, merge
-    from vla_rl.trainer import EnvConfig
 
     path = Path(path)
     if (path / "train_config.yaml").is_file():
@@ -164,15 +163,6 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None) -> dict
         write_episode_file(cfg.out, checkpoint=str(path), config=asdict(cfg) | {"num_envs": num_envs},
                            env=env_identity(env_cfg), summary=metrics, records=records)
     return metrics
-
-
-def env_identity(cfg) -> dict:
-    """What fixes an evaluation's episodes besides the seeds: an :class:`~vla_rl.trainer.EnvConfig`'s kind
-    and task config with every default filled in (an SFT policy's saved env config and a training run's
-    presets spell the same env differently), without the process layout (``num_envs``, ``envs_per_worker``)."""
-    from vla_rl.trainer import task_config
-
-    return {"kind": cfg.kind, "builtin" if cfg.kind == "builtin" else "options": asdict(task_config(cfg))}
 
 
 EPISODE_FILE_FORMAT = "vla-rl-eval-episodes/1"

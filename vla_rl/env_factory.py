@@ -1,0 +1,99 @@
+"""The one env factory: a typed config per simulator, chosen by ``kind``, and :func:`make_env`.
+
+Training, SFT evaluation, ``vla-rl eval`` and the benchmarks all build their envs here, so none of them
+imports another to get an env. The adapters' configs are imported from :mod:`vla_rl.envs` (they do not
+import their simulators until an env is made).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import asdict, dataclass, field, fields
+from typing import Literal
+
+import torch
+
+from vla_rl.config import ConfigError, check_ranges, positive
+from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
+from vla_rl.envs.libero import LiberoConfig
+from vla_rl.envs.maniskill import ManiSkillConfig
+
+KINDS = ("builtin", "maniskill", "libero")
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Which simulator (``kind``), how many envs, and that simulator's own settings. Only the section named
+    by ``kind`` is read; setting another section is an error (it would silently do nothing)."""
+
+    kind: Literal["builtin", "maniskill", "libero"] = "builtin"
+    num_envs: int = positive(64)
+    # Worker envs (ManiSkill on CPU, LIBERO): envs per worker process. None: one worker per CPU core.
+    envs_per_worker: int | None = positive(None)
+    # Restart a worker process that died (simulator crash, OOM kill) up to this many times per run; its envs
+    # are reset and their unfinished episodes dropped from the batch. 0: a dead worker stops the run.
+    restart_dead_workers: int = field(default=0, metadata={"range": (0, None)})
+    builtin: ColorReachConfig = field(default_factory=ColorReachConfig)
+    maniskill: ManiSkillConfig = field(default_factory=ManiSkillConfig)
+    libero: LiberoConfig = field(default_factory=LiberoConfig)
+
+    def __post_init__(self):
+        check_ranges(self)
+        if self.kind not in KINDS:
+            raise ConfigError(f"kind: {self.kind!r} is not one of {list(KINDS)}")
+        defaults = EnvConfig.__dataclass_fields__
+        for other in KINDS:
+            if other != self.kind and getattr(self, other) != defaults[other].default_factory():
+                raise ConfigError(f"{other} is set but kind is {self.kind!r}: set kind={other} "
+                                  f"or move those settings to the {self.kind} section")
+        if self.kind == "builtin" and self.envs_per_worker not in (None, 1):
+            raise ConfigError("envs_per_worker is for worker envs (maniskill on CPU, libero); the builtin "
+                              "env runs in-process as one batch")
+
+    @property
+    def task(self) -> ColorReachConfig | ManiSkillConfig | LiberoConfig:
+        """The typed settings of the chosen simulator."""
+        return getattr(self, self.kind)
+
+    @staticmethod
+    def upgrade(data: dict) -> dict:
+        """Read an env section written before the per-simulator sections: ``options`` becomes the section of
+        its ``kind`` (run folders and SFT policies saved by earlier versions keep loading)."""
+        if isinstance(data, dict) and "options" in data:
+            data = dict(data)
+            options = data.pop("options") or {}
+            kind = data.get("kind", "builtin")
+            if options and kind != "builtin":
+                data[kind] = {**options, **(data.get(kind) or {})}
+        return data
+
+
+def make_env(cfg: EnvConfig, *, num_envs: int, device: torch.device | str, seed: int):
+    """Build ``num_envs`` envs of ``cfg`` on ``device`` (callers never import a simulator themselves)."""
+    device = torch.device(device)
+    if cfg.kind == "builtin":
+        return ColorReachEnv(num_envs, config=cfg.builtin, device=device, seed=seed)
+    if cfg.kind == "maniskill":
+        from vla_rl.envs.maniskill import make_maniskill_env
+
+        return make_maniskill_env(cfg.maniskill, num_envs, device=device, seed=seed,
+                                  envs_per_worker=cfg.envs_per_worker)
+    if cfg.kind == "libero":
+        from vla_rl.envs.libero import LiberoSingleEnv
+        from vla_rl.envs.workers import WorkerVectorEnv
+
+        return WorkerVectorEnv(functools.partial(LiberoSingleEnv, cfg.libero), num_envs, seed=seed,
+                               name="libero", envs_per_worker=cfg.envs_per_worker)
+    raise ConfigError(f"unknown env.kind {cfg.kind!r}")
+
+
+def env_identity(cfg: EnvConfig) -> dict:
+    """What fixes an evaluation's episodes besides the seeds: the kind and the simulator's settings with every
+    default filled in, without the process layout (``num_envs``, ``envs_per_worker``). The ``options`` key
+    for ManiSkill / LIBERO is the format of evaluation files (``vla-rl compare`` reads older ones too)."""
+    return {"kind": cfg.kind, "builtin" if cfg.kind == "builtin" else "options": asdict(cfg.task)}
+
+
+def env_fields(cfg: EnvConfig) -> list[str]:
+    """Names of the settings of ``cfg``'s simulator (for error messages and docs)."""
+    return [f.name for f in fields(cfg.task)]
