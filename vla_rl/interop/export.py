@@ -119,16 +119,14 @@ def describe_env(env: dict, *, state_dim: int, action_dim: int, num_cameras: int
             "source": {"env": {"kind": kind, **section}}}
 
 
-def spec_defaults(folder: Path, cfg: PolicyConfig, config: dict) -> dict:
-    """ExportSpec fields from a policy folder: its config.yaml (``config``) and, for a training checkpoint, its
-    ``train_config.yaml``."""
+def spec_defaults(folder: Path, cfg: PolicyConfig, norm: NormStats, config: dict) -> dict:
+    """ExportSpec fields from a policy folder: its statistics (the robot's state / action sizes), config.yaml
+    (``config``) and, for a training checkpoint, its ``train_config.yaml``."""
     train = read_yaml_file(folder / "train_config.yaml") if (folder / "train_config.yaml").is_file() else {}
     sft = config.get("sft") if isinstance(config.get("sft"), dict) else {}
-    env_meta = config.get("env") if isinstance(config.get("env"), dict) else {}
     env = train.get("env") if isinstance(train.get("env"), dict) else config.get("env_config") or {}
     sampler = train.get("sampler") if isinstance(train.get("sampler"), dict) else {}
-    state_dim = int(env_meta.get("state_dim", cfg.state_dim))
-    action_dim = int(env_meta.get("action_dim", cfg.action_dim))
+    state_dim, action_dim = norm.state.mean.shape[0], norm.action.mean.shape[0]
     execute = train.get("execute", sft.get("execute", cfg.action_horizon))
     num_steps = sampler.get("num_steps", sft.get("num_steps", DEFAULT_NUM_STEPS))
     out = {"state_dim": state_dim, "action_dim": action_dim, "action_horizon": cfg.action_horizon,
@@ -212,7 +210,7 @@ def export_policy(src: str | Path, out: str | Path, *, dtype: str = "bf16", over
     except (SchemaError, KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{folder}/config.yaml: {e}") from None
     try:
-        spec = build(ExportSpec, merge(spec_defaults(folder, cfg, config), overrides or {}), prefix="spec")
+        spec = build(ExportSpec, merge(spec_defaults(folder, cfg, norm, config), overrides or {}), prefix="spec")
         check_consistency(cfg, spec, norm)
     except (SchemaError, ExportError) as e:
         raise ConfigError(str(e)) from None
