@@ -337,8 +337,9 @@ class ExportedPolicy:
                                                                     device=dev)
         state = state_to_model(self.norm, torch.from_numpy(batch.state).to(dev), cfg.state_dim)
         prefix = self.model.encode_prefix({"images": images, "state": state, "instruction": batch.prompts})
-        gen = None if batch.seed is None else torch.Generator(device=dev).manual_seed(batch.seed)
-        noise = torch.randn(n, cfg.action_horizon, cfg.action_dim, generator=gen, device=dev)
+        # Noise is drawn on the CPU, so a seed gives the same chunk on any device.
+        gen = None if batch.seed is None else torch.Generator().manual_seed(batch.seed)
+        noise = torch.randn(n, cfg.action_horizon, cfg.action_dim, generator=gen).to(dev)
         sample = flow.sample(self.model.field(prefix), noise, num_steps=self.spec.num_steps, method="ode")
         low, high = self.spec.action_low, self.spec.action_high
         x = sample.actions.float()

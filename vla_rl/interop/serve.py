@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Literal
 
+import torch
+
 from vla_rl.config import ConfigError, check_ranges, positive, ranged
 from vla_rl.policies.exported import ExportedPolicy, ObservationError
 
@@ -73,7 +75,10 @@ class PolicyServer:
         self.port: int | None = None
         self._connections = 0
         self._requests = 0
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="vla-rl-infer")
+        # torch's intra-op thread count is per thread: the worker takes the process's (e.g. torch.set_num_threads).
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="vla-rl-infer", initializer=torch.set_num_threads,
+            initargs=(torch.get_num_threads(),))
 
     # -- handshake ---------------------------------------------------------------------------------------
     def _process_request(self, connection, request):
