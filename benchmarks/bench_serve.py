@@ -9,7 +9,8 @@ fp32 on a CPU), with the preset's cameras, K = 10 ODE steps and one observation 
 (``--image-size``, default: the policy's own) and state. "direct" times ``policy.infer(obs)``; "server" times
 openpi-client's ``WebsocketClientPolicy.infer(obs)`` against a server on a loopback port in this process (our own
 msgpack client when openpi-client is not installed): message packing, the websocket, validation, inference and the
-reply. Wall-clock medians and 90th percentiles over ``--repeats`` calls after 3 warm-ups; prints a markdown table.
+reply. The two are called alternately (``--repeats`` times each, after 3 warm-ups) so both see the same machine load;
+prints a markdown table of wall-clock medians, 90th percentiles, and the median of the paired differences.
 """
 
 from __future__ import annotations
@@ -64,15 +65,18 @@ class RawClient:
         return unpack(reply)
 
 
-def timings(fn, repeats: int) -> tuple[float, float]:
+def paired_timings(direct, served, repeats: int) -> tuple[list[float], list[float]]:
+    """Wall-clock ms of ``direct()`` and ``served()``, alternating call by call so that both see the same machine
+    load (on a shared machine the load drifts more than the overhead being measured)."""
     for _ in range(3):
-        fn()
-    times = []
+        direct(), served()
+    times: tuple[list[float], list[float]] = ([], [])
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times), float(np.percentile(times, 90))
+        for fn, out in ((direct, times[0]), (served, times[1])):
+            t0 = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t0) * 1000)
+    return times
 
 
 def measure(preset: str, device: torch.device, args, client_cls) -> tuple:
@@ -81,14 +85,14 @@ def measure(preset: str, device: torch.device, args, client_cls) -> tuple:
     size = args.image_size or cfg.vision.image_size
     obs = {f"camera_{i}": rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for i in range(cfg.num_cameras)}
     obs.update(state=rng.normal(size=cfg.state_dim).astype(np.float32), prompt="pick up the red cube and lift it")
-    direct = timings(lambda: policy.infer(obs), args.repeats)
     with ServerThread(policy, ServeConfig(port=0)) as server:
         client = client_cls(host="127.0.0.1", port=server.port) if client_cls else RawClient(server.port)
         assert client.infer(obs)["actions"].shape == (cfg.action_horizon, cfg.action_dim)
-        served = timings(lambda: client.infer(obs), args.repeats)
-    row = (preset, count_parameters(policy.model) / 1e6, f"{args.weights}/{policy.compute_dtype}",
-           len(pack(obs)) / 1024, direct, served)
-    return row
+        direct, served = paired_timings(lambda: policy.infer(obs), lambda: client.infer(obs), args.repeats)
+    overhead = statistics.median(s - d for d, s in zip(direct, served))
+    stats = [(statistics.median(t), float(np.percentile(t, 90))) for t in (direct, served)]
+    return (preset, count_parameters(policy.model) / 1e6, f"{args.weights}/{policy.compute_dtype}",
+            len(pack(obs)) / 1024, *stats, overhead)
 
 
 def main() -> None:
@@ -112,11 +116,11 @@ def main() -> None:
     print(f"\ndevice {device}{f' ({torch.cuda.get_device_name(device)})' if device.type == 'cuda' else ''}, "
           f"{args.threads} torch thread(s), K = 10, {args.repeats} calls, {client_name}\n")
     print("| preset | params | weights/compute | request | direct: median / p90 | server round trip: median / p90 "
-          "| overhead (median) |")
+          "| overhead: median of paired differences |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    for preset, params, dt, kb, (dm, dp), (sm, sp) in rows:
+    for preset, params, dt, kb, (dm, dp), (sm, sp), overhead in rows:
         print(f"| {preset} | {params:.1f}M | {dt} | {kb:.0f} KiB | {dm:.1f} / {dp:.1f} ms | {sm:.1f} / {sp:.1f} ms "
-              f"| {sm - dm:+.1f} ms |")
+              f"| {overhead:+.1f} ms |")
 
 
 if __name__ == "__main__":

@@ -297,6 +297,15 @@ def test_overrides_and_bad_overrides(source, tmp_path):
         export_policy(source[0], tmp_path / "bad", dtype="fp16")
 
 
+def test_tokenizer_files_travel(tmp_path):
+    src, _, _ = policy_folder(tmp_path / "src")
+    (src / "tokenizer.model").write_bytes(b"sentencepiece model bytes")
+    out = export_policy(src, tmp_path / "out", dtype="fp32")
+    assert (out / "tokenizer.model").read_bytes() == b"sentencepiece model bytes"
+    assert "tokenizer.model" in (out / "README.md").read_text()
+    assert load_exported(out).infer(observation(0)).shape == (8, 2)
+
+
 def test_corrupt_sources_fail_and_keep_the_previous_export(source, tmp_path):
     out = export_policy(source[0], tmp_path / "out", dtype="fp32")
     before = (out / "model.safetensors").read_bytes()
