@@ -282,6 +282,17 @@ def test_concurrent_clients(server, policy):
         np.testing.assert_array_equal(got[seed], want[seed])
 
 
+def test_cli_serve_errors(exported, server, tmp_path, capsys):
+    from vla_rl.cli import main
+
+    assert main(["serve", str(tmp_path / "missing"), "--port", "0"]) == 2
+    assert "no exported policy folder" in capsys.readouterr().err
+    assert main(["serve", str(exported), "--port", str(server.port)]) == 2   # the port is taken
+    assert "cannot serve" in capsys.readouterr().err
+    assert main(["serve", str(exported), "--port", "70000"]) == 2
+    assert "port = 70000 is outside its valid range" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_cli_serve_stops_cleanly_on_signals(exported, policy, sig):
     proc = subprocess.Popen([sys.executable, "-m", "vla_rl.cli", "serve", str(exported), "--port", "0"], cwd=ROOT,

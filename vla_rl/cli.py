@@ -141,6 +141,9 @@ def _serve(args) -> int:
     except ExportError as e:
         print(f"vla-rl: export error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:   # e.g. the port is taken
+        print(f"vla-rl: cannot serve on {args.host}:{args.port}: {e}", file=sys.stderr)
+        return 2
 
 
 def main(argv: list[str] | None = None) -> int:
