@@ -139,3 +139,33 @@ def parse_dims(spec: str | int | list | tuple | None, dim: int) -> tuple[int, ..
         raise ValueError(f"state dims {bad} are outside the state's {dim} dims (0..{dim - 1}); note that YAML "
                          "reads an unquoted a:b as a base-60 number, write a range as 'a-b'")
     return tuple(sorted(set(dims)))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Robot units <-> model units. The model may have more state / action dims than the robot or env (π0 pads
+# to 32): states are padded with zeros after normalising, actions cut to the robot's dims before
+# unnormalising. The actor (training, evaluation) and an exported policy (deployment) both use these.
+# ----------------------------------------------------------------------------------------------------
+def state_to_model(norm: NormStats, state: Tensor, model_dim: int) -> Tensor:
+    """Robot state ``[..., s]`` -> normalised model state ``[..., S]`` (hidden dims 0, zero-padded to S)."""
+    dim = state.shape[-1]
+    if dim != norm.state.mean.shape[0] or dim > model_dim:
+        raise ValueError(f"state has {dim} dims; the statistics have {norm.state.mean.shape[0]}, the model "
+                         f"takes at most {model_dim}")
+    x = norm.normalize_state(state)
+    return torch.nn.functional.pad(x, (0, model_dim - dim)) if model_dim > dim else x
+
+
+def actions_to_model(norm: NormStats, actions: Tensor, model_dim: int) -> Tensor:
+    """Robot-unit actions ``[..., a]`` -> normalised model actions ``[..., A]`` (zero-padded to A)."""
+    dim = actions.shape[-1]
+    if dim > model_dim:
+        raise ValueError(f"actions have {dim} dims, more than the model's {model_dim}")
+    x = norm.action.normalize(actions, norm.mode)
+    return torch.nn.functional.pad(x, (0, model_dim - dim)) if model_dim > dim else x
+
+
+def actions_from_model(norm: NormStats, x: Tensor, dim: int, low: float | Tensor, high: float | Tensor) -> Tensor:
+    """Model actions ``[..., A]`` -> robot units ``[..., a]`` (the first ``dim`` dims), clipped to [low, high]."""
+    a = norm.action.unnormalize(x[..., :dim], norm.mode)
+    return a.clamp(low, high)

@@ -111,6 +111,41 @@ def _sft(args) -> int:
     return 0
 
 
+def _export(args) -> int:
+    from vla_rl.interop.export import export_policy, summary
+    from vla_rl.policies.exported import ExportError
+
+    try:
+        path = export_policy(args.src, args.out, dtype=args.dtype, overrides=parse_overrides(args.overrides))
+    except ExportError as e:
+        print(f"vla-rl: export error: {e}", file=sys.stderr)
+        return 2
+    s = summary(path)
+    print(f"exported to {s['path']}: {s['bytes'] / 2**20:.1f} MiB of {args.dtype} weights; {s['control_mode']}, "
+          f"state {s['state_dim']}, action {s['action_dim']}, chunk H={s['action_horizon']} (execute "
+          f"{s['execute']}), K={s['num_steps']}, cameras {s['cameras'] or 'none'}")
+    return 0
+
+
+def _serve(args) -> int:
+    import logging
+
+    from vla_rl.interop.serve import ServeConfig, run_server
+    from vla_rl.policies.exported import ExportError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    cfg = ServeConfig(host=args.host, port=args.port, token=args.token, max_message_mb=args.max_message_mb,
+                      max_connections=args.max_connections, device=args.device, dtype=args.dtype)
+    try:
+        return run_server(args.export, cfg)
+    except ExportError as e:
+        print(f"vla-rl: export error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:   # e.g. the port is taken
+        print(f"vla-rl: cannot serve on {args.host}:{args.port}: {e}", file=sys.stderr)
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vla-rl", description="RL fine-tuning of flow-matching VLA policies")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -172,6 +207,33 @@ def main(argv: list[str] | None = None) -> int:
     sft.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
     sft.add_argument("--no-progress", action="store_true", help="no progress bars")
     sft.set_defaults(func=_sft)
+
+    exp = sub.add_parser("export", help="write a self-contained policy folder for a robot (loads with vla_rl.policies)",
+                         description="SRC: a policy folder, a training run (its best checkpoint, else the newest), "
+                                     "a checkpoint folder or an imported checkpoint. Overrides set fields of the "
+                                     "robot spec, e.g. execute=4 num_steps=10 action_low=null "
+                                     "'cameras=[{name: top, height: 224, width: 224}]' (see docs/deploy.md)")
+    exp.add_argument("src", help="policy folder, training run or checkpoint")
+    exp.add_argument("out", help="folder to write (replaced atomically if it exists)")
+    exp.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="weight dtype (default bf16)")
+    exp.add_argument("overrides", nargs="*", help="robot spec overrides key=value")
+    exp.set_defaults(func=_export)
+
+    srv = sub.add_parser("serve", help="serve an exported policy over openpi's websocket protocol",
+                         description="Robots connect with openpi-client's WebsocketClientPolicy. Binds 127.0.0.1 "
+                                     "unless --host says otherwise; with a token (--token or $VLA_RL_SERVE_TOKEN) "
+                                     "clients must send it as api_key. Stops cleanly on SIGINT / SIGTERM.")
+    srv.add_argument("export", help="an exported policy folder (vla-rl export)")
+    srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    srv.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port)")
+    srv.add_argument("--token", default=None,
+                     help="shared secret clients must send (visible in ps; prefer $VLA_RL_SERVE_TOKEN)")
+    srv.add_argument("--max-message-mb", type=float, default=32.0, help="largest request accepted (default 32)")
+    srv.add_argument("--max-connections", type=int, default=16, help="most clients at once (default 16)")
+    srv.add_argument("--device", default="cpu", help="cpu or cuda")
+    srv.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto",
+                     help="compute dtype (auto: bf16 weights run in bf16 on a GPU, fp32 on a CPU)")
+    srv.set_defaults(func=_serve)
 
     # argparse stops collecting positionals at the first flag; overrides after a flag
     # (`vla-rl train preset --no-progress ppo.lr_actor=1e-4`) come back as extras and are taken here.

@@ -1,7 +1,8 @@
 """The acting policy: model + normalisation + a sampler, from env observations to env action chunks.
 
 The model works in normalised units and may have more state / action dims than the env (π0 pads to 32);
-the actor pads the env's state, and cuts, unnormalises and clips the model's actions.
+the actor pads the env's state, and cuts, unnormalises and clips the model's actions, with the conversions of
+:mod:`vla_rl.policies.normalize` (an exported policy uses the same ones).
 
 Glossary: N envs, H actions per chunk, A model action dims, a env action dims, K denoising steps.
 """
@@ -16,7 +17,7 @@ from torch import Tensor
 
 from vla_rl.policies import flow
 from vla_rl.policies.model import FlowPolicy, Prefix
-from vla_rl.policies.normalize import NormStats
+from vla_rl.policies.normalize import NormStats, actions_from_model, actions_to_model, state_to_model
 
 
 @dataclass(frozen=True)
@@ -61,11 +62,8 @@ class Actor:
         state = obs["state"].to(self.model.device, torch.float32)
         if state.shape[-1] != self.env_state_dim:
             raise ValueError(f"state has {state.shape[-1]} dims, expected {self.env_state_dim}")
-        state = self.norm.normalize_state(state)
-        pad = self.model.cfg.state_dim - self.env_state_dim
-        if pad:
-            state = torch.nn.functional.pad(state, (0, pad))
-        out = {"images": obs["images"].to(self.model.device), "state": state}
+        out = {"images": obs["images"].to(self.model.device),
+               "state": state_to_model(self.norm, state, self.model.cfg.state_dim)}
         for key in ("instruction", "tokens", "token_mask"):
             if key in obs:
                 out[key] = obs[key]
@@ -73,14 +71,11 @@ class Actor:
 
     def model_actions(self, actions: Tensor) -> Tensor:
         """Env-unit actions ``[..., a]`` -> normalised model actions ``[..., A]`` (padded with 0)."""
-        x = self.norm.action.normalize(actions.to(self.model.device, torch.float32), self.norm.mode)
-        pad = self.model.cfg.action_dim - self.env_action_dim
-        return torch.nn.functional.pad(x, (0, pad)) if pad else x
+        return actions_to_model(self.norm, actions.to(self.model.device, torch.float32), self.model.cfg.action_dim)
 
     def env_actions(self, x: Tensor) -> Tensor:
         """Model actions ``[..., A]`` -> env units ``[..., a]``, clipped to the action bounds."""
-        a = self.norm.action.unnormalize(x[..., : self.env_action_dim], self.norm.mode)
-        return a.clamp(self.action_low, self.action_high)
+        return actions_from_model(self.norm, x, self.env_action_dim, self.action_low, self.action_high)
 
     def encode(self, obs: dict) -> Prefix:
         return self.model.encode_prefix(self.model_obs(obs))

@@ -1,0 +1,304 @@
+"""``vla-rl export``: a policy folder, training run or checkpoint -> a self-contained folder for a robot.
+
+The exported folder (format in :mod:`vla_rl.policies.exported`) loads with the policy package alone. Its
+robot interface (:class:`~vla_rl.policies.exported.ExportSpec`) is filled in from what the source recorded:
+the env the policy was trained for (state / action names and units, control mode, cameras, action bounds,
+where this module knows them), the chunk length, how many actions the run executed per chunk, and the K of
+its ODE sampler; any field can be overridden (``key=value``).
+
+Weights are converted tensor by tensor while reading (``safe_open``), so exporting a pi0-size checkpoint holds
+one converted copy in memory, not two.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from vla_rl.checkpoint import FORMAT_VERSION, CheckpointError, atomic_folder, read_tensors, read_yaml_file
+from vla_rl.config import ConfigError, merge
+from vla_rl.policies.config import PolicyConfig
+from vla_rl.policies.exported import (
+    EXPORT_FORMAT,
+    WEIGHT_DTYPES,
+    ExportError,
+    ExportSpec,
+    check_consistency,
+)
+from vla_rl.policies.model import FlowPolicy
+from vla_rl.policies.normalize import NormStats
+from vla_rl.policies.schema import SchemaError, build, to_plain
+
+DEFAULT_NUM_STEPS = 10   # π0's K, for a source that does not record its own
+
+
+def resolve_source(src: str | Path) -> Path:
+    """The policy folder to export: ``src`` itself if it is one (an SFT policy, a training checkpoint, a run's
+    ``checkpoints/best``, an imported checkpoint), else a training run's best checkpoint, else its newest."""
+    path = Path(src)
+    if (path / "config.yaml").is_file() and (path / "model.safetensors").is_file():
+        return path
+    if (path / "checkpoints").is_dir():
+        best = path / "checkpoints" / "best"
+        if (best / "config.yaml").is_file():
+            return best
+        from vla_rl.rl.trainer import latest_checkpoint
+
+        return latest_checkpoint(path)
+    raise CheckpointError(f"{path} is neither a policy folder (config.yaml + model.safetensors) nor a training run "
+                          "(a checkpoints/ folder)")
+
+
+# ----------------------------------------------------------------------------------------------------
+# What the envs' observations and actions mean (the adapters' docstrings, in data form)
+# ----------------------------------------------------------------------------------------------------
+LIBERO_STATE = (["eef_pos_x", "eef_pos_y", "eef_pos_z", "eef_axis_angle_x", "eef_axis_angle_y", "eef_axis_angle_z",
+                 "gripper_qpos_left", "gripper_qpos_right"], ["m", "m", "m", "rad", "rad", "rad", "m", "m"])
+DELTA_POSE_ACTIONS = ["dx", "dy", "dz", "drx", "dry", "drz", "gripper"]
+LIBERO_CAMERA_ALIASES = {"agentview": ["image"], "wrist": ["wrist_image"]}   # openpi's LIBERO example keys
+
+
+def _generic_cameras(count: int, size: int) -> list[dict]:
+    return [{"name": f"camera_{i}", "height": size, "width": size, "aliases": ["image"] if i == 0 else []}
+            for i in range(count)]
+
+
+def describe_env(env: dict, *, state_dim: int, action_dim: int, num_cameras: int, image_size: int) -> dict:
+    """ExportSpec fields known from the env config ``env`` (``{"kind": ..., <kind>: {...}}``; {} if unknown)."""
+    kind = env.get("kind") if isinstance(env, dict) else None
+    if kind not in ("builtin", "maniskill", "libero"):
+        return {"control_mode": "unknown", "action_low": None, "action_high": None,
+                "cameras": _generic_cameras(num_cameras, image_size),
+                "notes": "The source did not record its robot: actions are not clipped; set names, units and bounds "
+                         "with key=value overrides at export."}
+    from vla_rl.config import from_dict, to_dict
+    from vla_rl.env_factory import EnvConfig
+
+    task = from_dict(EnvConfig, env, prefix="env").task
+    section = to_dict(task)
+    if kind == "builtin":
+        unit = "workspace [-1, 1]"
+        actions = (["target_x", "target_y"], [unit] * 2) if task.control == "target" else \
+            (["dx", "dy"], [f"step fraction (1 = {task.step_size} workspace units)"] * 2)
+        return {"control_mode": f"builtin:{task.control}", "action_low": -1.0, "action_high": 1.0,
+                "state_names": ["agent_x", "agent_y", "last_action_x", "last_action_y"], "state_units": [unit] * 4,
+                "action_names": actions[0], "action_units": actions[1],
+                "cameras": [{"name": "image", "height": task.image_size, "width": task.image_size}],
+                "source": {"env": {"kind": kind, **section}}}
+    if kind == "libero":
+        names, units = LIBERO_STATE
+        return {"control_mode": "libero:OSC_POSE (delta end-effector pose)", "action_low": -1.0, "action_high": 1.0,
+                "state_names": names if state_dim == 8 else [], "state_units": units if state_dim == 8 else [],
+                "action_names": DELTA_POSE_ACTIONS if action_dim == 7 else [],
+                "action_units": ["normalized [-1, 1]"] * 7 if action_dim == 7 else [],
+                "cameras": [{"name": c, "height": task.image_size, "width": task.image_size,
+                             "aliases": LIBERO_CAMERA_ALIASES[c]} for c in task.cameras],
+                "notes": f"gripper: -1 opens, +1 closes. Images: {task.image_orientation} orientation "
+                         "(rot180 is the OpenVLA / openpi LIBERO convention).",
+                "source": {"env": {"kind": kind, **section}}}
+    # ManiSkill: its normalised delta controllers take [-1, 1]; other modes' bounds are the robot's (not recorded).
+    delta = "delta" in task.control_mode
+    names = DELTA_POSE_ACTIONS if task.control_mode == "pd_ee_delta_pose" and action_dim == 7 else \
+        [f"joint_{i + 1}_delta" for i in range(7)] + ["gripper"] \
+        if task.control_mode == "pd_joint_delta_pos" and action_dim == 8 else []
+    return {"control_mode": f"maniskill:{task.control_mode}", "action_low": -1.0 if delta else None,
+            "action_high": 1.0 if delta else None,
+            "action_names": names, "action_units": ["normalized [-1, 1]"] * len(names) if delta else [],
+            "cameras": _generic_cameras(num_cameras, task.image_size), "instruction": task.task_instruction,
+            "notes": "gripper: +1 opens, -1 closes. State: ManiSkill's "
+                     + ("flat privileged state vector" if task.obs_mode != "rgb" else
+                        "proprioception and task extras, flattened in sorted key order")
+                     + ("" if delta else "; action bounds of this control mode are not recorded (not clipped)"),
+            "source": {"env": {"kind": kind, **section}}}
+
+
+def spec_defaults(folder: Path, cfg: PolicyConfig, norm: NormStats, config: dict) -> dict:
+    """ExportSpec fields from a policy folder: its statistics (the robot's state / action sizes), config.yaml
+    (``config``) and, for a training checkpoint, its ``train_config.yaml``."""
+    train = read_yaml_file(folder / "train_config.yaml") if (folder / "train_config.yaml").is_file() else {}
+    sft = config.get("sft") if isinstance(config.get("sft"), dict) else {}
+    env = train.get("env") if isinstance(train.get("env"), dict) else config.get("env_config") or {}
+    sampler = train.get("sampler") if isinstance(train.get("sampler"), dict) else {}
+    state_dim, action_dim = norm.state.mean.shape[0], norm.action.mean.shape[0]
+    execute = train.get("execute", sft.get("execute", cfg.action_horizon))
+    num_steps = sampler.get("num_steps", sft.get("num_steps", DEFAULT_NUM_STEPS))
+    out = {"state_dim": state_dim, "action_dim": action_dim, "action_horizon": cfg.action_horizon,
+           "execute": min(int(execute), cfg.action_horizon), "num_steps": int(num_steps)}
+    described = describe_env(env, state_dim=state_dim, action_dim=action_dim, num_cameras=cfg.num_cameras,
+                             image_size=cfg.vision.image_size)
+    source = {"checkpoint": str(folder.resolve()), **described.pop("source", {})}
+    if (folder / "best.yaml").is_file():
+        source["best"] = read_yaml_file(folder / "best.yaml")
+    if (folder / "trainer_state.yaml").is_file():
+        source["iteration"] = read_yaml_file(folder / "trainer_state.yaml").get("iteration")
+    return {**out, **described, "source": source}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Writing
+# ----------------------------------------------------------------------------------------------------
+def convert_tensor(t: torch.Tensor, dtype: str) -> torch.Tensor:
+    """A weight as stored in an export of ``dtype``: floating tensors in that dtype, others unchanged."""
+    return t.to(WEIGHT_DTYPES[dtype]) if t.is_floating_point() else t
+
+
+def tokenizer_files(folder: Path, policy: dict) -> list[str]:
+    """Files of ``folder`` the tokenizer needs: ``tokenizer*`` files, and any file a policy config string names
+    (relative, inside ``folder``)."""
+    names = {p.name for p in folder.iterdir() if p.is_file() and p.name.startswith("tokenizer")}
+
+    def walk(v):
+        if isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, str) and v and not Path(v).is_absolute():
+            p = (folder / v).resolve()
+            if p.is_file() and folder.resolve() in p.parents:
+                names.add(str(p.relative_to(folder.resolve())))
+
+    walk(policy)
+    return sorted(names)
+
+
+def _read_weights(path: Path, cfg: PolicyConfig, dtype: str) -> dict[str, torch.Tensor]:
+    with torch.device("meta"):
+        expected = FlowPolicy(cfg).state_dict()
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file missing: {path}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            keys = set(f.keys())
+            missing, unexpected = sorted(set(expected) - keys), sorted(keys - set(expected))
+            if missing or unexpected:
+                raise CheckpointError(f"{path} does not match its config: missing {missing[:5]}, "
+                                      f"unexpected {unexpected[:5]}")
+            out = {}
+            for k in sorted(keys):
+                t = f.get_tensor(k)
+                if t.shape != expected[k].shape:
+                    raise CheckpointError(f"{path}: {k} has shape {tuple(t.shape)}, the config needs "
+                                          f"{tuple(expected[k].shape)}")
+                if t.is_floating_point() and not torch.isfinite(t).all():
+                    raise CheckpointError(f"{path}: {k} contains NaN or inf; not exporting it")
+                out[k] = convert_tensor(t, dtype).contiguous()
+            return out
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"corrupt safetensors file {path}: {e}") from None
+
+
+def export_policy(src: str | Path, out: str | Path, *, dtype: str = "bf16", overrides: dict | None = None) -> Path:
+    """Export the policy of ``src`` (see :func:`resolve_source`) to folder ``out`` (written atomically; a folder
+    already there is replaced only once the new one is complete). ``overrides``: ExportSpec fields."""
+    if dtype not in WEIGHT_DTYPES:
+        raise ConfigError(f"dtype must be one of {list(WEIGHT_DTYPES)}, got {dtype!r}")
+    folder = resolve_source(src)
+    config = read_yaml_file(folder / "config.yaml")
+    if config.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{folder}: unsupported checkpoint format_version {config.get('format_version')!r}")
+    try:
+        cfg = build(PolicyConfig, config.get("policy", {}), prefix="policy")
+        normalization = config["normalization"]
+        mode, hidden = normalization["mode"], list(normalization.get("hidden_state_dims") or [])
+        norm = NormStats.from_tensors(read_tensors(folder / "norm_stats.safetensors"), mode, tuple(hidden))
+    except (SchemaError, KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{folder}/config.yaml: {e}") from None
+    try:
+        spec = build(ExportSpec, merge(spec_defaults(folder, cfg, norm, config), overrides or {}), prefix="spec")
+        check_consistency(cfg, spec, norm)
+    except (SchemaError, ExportError) as e:
+        raise ConfigError(str(e)) from None
+    weights = _read_weights(folder / "model.safetensors", cfg, dtype)
+    policy = to_plain(cfg)
+    files = tokenizer_files(folder, config.get("policy", {}))
+    out = Path(out)
+    if out.resolve() == folder.resolve() or folder.resolve() in out.resolve().parents:
+        raise ConfigError(f"the export folder {out} must lie outside the source {folder}")
+    with atomic_folder(out) as tmp:
+        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": EXPORT_FORMAT, "dtype": dtype})
+        save_file(norm.to_tensors(), str(tmp / "norm_stats.safetensors"))
+        (tmp / "config.json").write_text(json.dumps(
+            {"format": EXPORT_FORMAT, "dtype": dtype, "policy": policy,
+             "normalization": {"mode": norm.mode, "hidden_state_dims": list(norm.hidden_state)}}, indent=1))
+        (tmp / "spec.json").write_text(json.dumps(to_plain(spec), indent=1))
+        for name in files:
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(folder / name, tmp / name)
+        nbytes = sum(t.numel() * t.element_size() for t in weights.values())
+        (tmp / "README.md").write_text(readme(spec, cfg, dtype=dtype, nbytes=nbytes, files=files))
+    return out
+
+
+def _table(names: tuple[str, ...], units: tuple[str, ...], dim: int) -> str:
+    rows = [f"| {i} | {names[i] if names else '?'} | {units[i] if units else '?'} |" for i in range(dim)]
+    return "\n".join(["| index | name | unit |", "| --- | --- | --- |", *rows])
+
+
+def readme(spec: ExportSpec, cfg: PolicyConfig, *, dtype: str, nbytes: int, files: list[str]) -> str:
+    """The exported folder's README.md: what the policy takes and returns, and how to run it."""
+    cams = "\n".join(f"- `{c.name}`: {c.height}x{c.width} RGB, uint8 HWC (also read from "
+                     f"{', '.join(f'`{k}`' for k in c.keys[1:])})" for c in spec.cameras) or "- none (state only)"
+    bounds = ("not clipped" if spec.action_low is None and spec.action_high is None
+              else f"clipped to [{spec.action_low}, {spec.action_high}]")
+    params = sum(math.prod(v.shape) for v in _meta_state(cfg).values())
+    example = "{" + "".join(f'"{c.name}": rgb_{i}, ' for i, c in enumerate(spec.cameras)) + \
+        '"state": state, "prompt": "pick up the cube"}'
+
+    return f"""# Exported vla-rl policy
+
+A flow-matching VLA policy ({params / 1e6:.1f}M parameters, weights stored as {dtype}, {nbytes / 2**20:.1f} MiB).
+Control mode: `{spec.control_mode}`.
+
+## Run it
+```python
+from vla_rl.policies import load_exported
+policy = load_exported("path/to/this/folder")            # device="cuda" for a GPU
+actions = policy.infer({example})   # [{spec.action_horizon}, {spec.action_dim}]
+```
+or serve it to a robot over openpi's websocket protocol: `vla-rl serve path/to/this/folder --port 8000`.
+
+## Observation
+- `state` (or `observation/state`): {spec.state_dim} numbers in the robot's units
+- `prompt` (or `instruction`): the task in words{f' (default: "{spec.instruction}")' if spec.instruction else ''}
+{cams}
+
+Images of another size are resized to {cfg.vision.image_size}x{cfg.vision.image_size}.
+
+{_table(spec.state_names, spec.state_units, spec.state_dim)}
+
+## Action chunk
+`infer` returns {spec.action_horizon} actions of {spec.action_dim} values (a chunk, H = {spec.action_horizon}), in the
+robot's units, {bounds}. Execute the first {spec.execute}, then ask again with a fresh observation.
+Sampler: deterministic ODE, K = {spec.num_steps} steps.
+
+{_table(spec.action_names, spec.action_units, spec.action_dim)}
+{f'{chr(10)}Notes: {spec.notes}{chr(10)}' if spec.notes else ''}
+Files: model.safetensors, norm_stats.safetensors, config.json (model), spec.json (this interface){
+''.join(f', {f}' for f in files)}.
+"""
+
+
+def _meta_state(cfg: PolicyConfig) -> dict[str, torch.Tensor]:
+    with torch.device("meta"):
+        return FlowPolicy(cfg).state_dict()
+
+
+def export_nbytes(cfg: PolicyConfig, dtype: str) -> int:
+    """Bytes of the weights an export of ``cfg`` in ``dtype`` stores (computed on the meta device: no memory)."""
+    return sum(t.numel() * convert_tensor(t, dtype).element_size() for t in _meta_state(cfg).values())
+
+
+def summary(path: str | Path) -> dict[str, Any]:
+    """A few facts about an exported folder (for the CLI's message)."""
+    path = Path(path)
+    spec = json.loads((path / "spec.json").read_text())
+    return {"path": str(path), "bytes": (path / "model.safetensors").stat().st_size,
+            **{k: spec[k] for k in ("state_dim", "action_dim", "action_horizon", "execute", "num_steps",
+                                    "control_mode")},
+            "cameras": [c["name"] for c in spec["cameras"]]}
