@@ -111,6 +111,20 @@ def _sft(args) -> int:
     return 0
 
 
+def _report(args) -> int:
+    from vla_rl.eval.report import ReportError, write_report
+
+    names = args.names.split(",") if args.names else None
+    try:
+        path, table = write_report(args.runs, args.out, names=names)
+    except ReportError as e:
+        print(f"vla-rl: report error: {e}", file=sys.stderr)
+        return 2
+    print(table)
+    print(f"figures and report: {path.parent}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vla-rl", description="RL fine-tuning of flow-matching VLA policies")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -172,6 +186,14 @@ def main(argv: list[str] | None = None) -> int:
     sft.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
     sft.add_argument("--no-progress", action="store_true", help="no progress bars")
     sft.set_defaults(func=_sft)
+
+    rep = sub.add_parser("report", help="learning curves (PNG) and a summary of training runs",
+                         description="Reads each RUN_DIR's metrics.jsonl; writes success_vs_steps.png, "
+                                     "success_vs_time.png, diagnostics.png and report.md into --out.")
+    rep.add_argument("runs", nargs="+", metavar="RUN_DIR", help="training run folders (vla-rl train out=...)")
+    rep.add_argument("--out", default="runs/report", help="output folder (default runs/report)")
+    rep.add_argument("--names", help="comma-separated names for the runs (default: the folder names)")
+    rep.set_defaults(func=_report)
 
     # argparse stops collecting positionals at the first flag; overrides after a flag
     # (`vla-rl train preset --no-progress ppo.lr_actor=1e-4`) come back as extras and are taken here.
