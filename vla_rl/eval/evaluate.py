@@ -19,14 +19,17 @@ EPISODE_METRICS = ("success_once", "success_at_end", "return", "length")
 
 @torch.inference_mode()
 def first_episodes(actor: Actor, env, *, seed: int, count: int, sampler: SamplerConfig, execute: int | None,
-                   generator: torch.Generator, group_size: int = 1) -> dict[str, torch.Tensor]:
+                   generator: torch.Generator, group_size: int = 1, recorder=None) -> dict[str, torch.Tensor]:
     """One round: reset ``env`` with ``seed`` (``group_size`` > 1: groups of envs share an initial state),
     reseed ``generator`` with it, and step until envs ``0 .. count - 1`` have each ended an episode.
 
     Returns each of those envs' *first* episode's metrics (:data:`EPISODE_METRICS`), ``[count]`` tensors
-    indexed by env; episodes that start after an env's first one ends are ignored."""
+    indexed by env; episodes that start after an env's first one ends are ignored. ``recorder`` (a
+    :class:`~vla_rl.envs.video.VideoRecorder`, ``first_episode_only``) gets every observation of the round."""
     n = env.num_envs
     obs = env.reset(seed=seed) if group_size == 1 else env.reset(seed=seed, group_size=group_size)
+    if recorder is not None:
+        recorder.add(obs)
     generator.manual_seed(seed)
     out_metrics = {k: torch.zeros(count, dtype=torch.float64) for k in EPISODE_METRICS}
     pending = torch.arange(n) < count
@@ -34,6 +37,8 @@ def first_episodes(actor: Actor, env, *, seed: int, count: int, sampler: Sampler
         chunk = actor.act(obs, sampler, generator=generator).actions
         out = env.step(chunk[:, :execute] if execute else chunk)
         obs = out.obs
+        if recorder is not None:
+            recorder.add(out)
         if out.episodes:
             for j, i in enumerate(out.episodes["env_index"].tolist()):
                 if pending[i]:
@@ -45,10 +50,17 @@ def first_episodes(actor: Actor, env, *, seed: int, count: int, sampler: Sampler
 
 @torch.inference_mode()
 def evaluate_episodes(actor: Actor, env, *, num_episodes: int, sampler: SamplerConfig | None = None,
-                      execute: int | None = None, seed: int = 1000) -> list[dict[str, float | int]]:
+                      execute: int | None = None, seed: int = 1000, videos: int = 0, video_fps: int = 10,
+                      progress=None) -> list[dict[str, Any]]:
     """Each of ``num_episodes`` episodes' metrics, with where it came from: ``reset_seed`` (its round's
     reset seed) and ``env_index``. The same (reset_seed, env_index) with the same ``env.num_envs`` is the same
-    initial state, so two policies' records pair episode by episode (:mod:`vla_rl.eval.paired`).
+    initial state, so two policies' records pair episode by episode (:mod:`vla_rl.eval.paired`). Worker envs
+    (ManiSkill on CPU, LIBERO) reset env ``i`` with seed ``reset_seed + i``: for them ``episode_seed`` (that
+    sum) names the initial state whatever the number of envs.
+
+    ``videos`` > 0: the first ``videos`` episodes (envs ``0 .. videos - 1`` of the first round) are recorded,
+    one frame per chunk, and their records carry ``frames`` (uint8 ``[H, W, 3]`` list; write them with
+    :func:`~vla_rl.envs.video.record_video`). ``progress(done, total)`` is called after each round.
 
     Round ``r`` of ``env.num_envs`` episodes resets with seed ``seed + r * num_envs`` (fixed seeds: a result
     is reproducible); ``execute`` actions of each chunk are run (default: the whole chunk). Why that stride:
@@ -57,13 +69,24 @@ def evaluate_episodes(actor: Actor, env, *, num_episodes: int, sampler: SamplerC
     sampler = sampler or SamplerConfig()
     n = env.num_envs
     gen = torch.Generator(device=actor.model.device)
-    records: list[dict[str, float | int]] = []
+    records: list[dict[str, Any]] = []
     for r in range(math.ceil(num_episodes / n)):
         round_seed, count = seed + r * n, min(n, num_episodes - r * n)
+        recorder = None
+        if r == 0 and videos > 0:
+            from vla_rl.envs.video import VideoRecorder
+
+            recorder = VideoRecorder(env, range(min(videos, count)), fps=video_fps, first_episode_only=True)
         ep = first_episodes(actor, env, seed=round_seed, count=count, sampler=sampler, execute=execute,
-                            generator=gen)
+                            generator=gen, recorder=recorder)
         for i in range(count):
-            records.append({"reset_seed": round_seed, "env_index": i, **{k: float(ep[k][i]) for k in EPISODE_METRICS}})
+            rec: dict[str, Any] = {"reset_seed": round_seed, "env_index": i, "episode_seed": round_seed + i,
+                                   **{k: float(ep[k][i]) for k in EPISODE_METRICS}}
+            if recorder is not None and i in recorder.frames:
+                rec["frames"] = recorder.frames[i]
+            records.append(rec)
+        if progress is not None:
+            progress(len(records), num_episodes)
     return records
 
 
