@@ -111,3 +111,18 @@ def test_maniskill_bench_of_a_state_policy(tmp_path, capsys):
     cmp = compare_benches(out, tmp_path / "again")
     assert [r["task"] for r in cmp["tasks"]] == ["maniskill/PickCube-v1"]
     assert cmp["tasks"][0]["diff"] == 0.0 and cmp["tasks"][0]["n"] == 2
+
+
+def test_eval_records_videos_of_the_first_episodes(tmp_path, capsys):
+    cfg = policy_preset("tiny")
+    ckpt = save_policy(tmp_path / "policy", FlowPolicy(cfg), NormStats(Stats.identity(4), Stats.identity(2)),
+                       meta={"env_config": {"kind": "builtin"}})
+    out = tmp_path / "eval.json"
+    assert main(["eval", str(ckpt), "episodes=6", "num_envs=3", "videos=2", f"out={out}", "video_format=gif"]) == 0
+    assert "3/6 episodes" in capsys.readouterr().out           # progress, one line per round
+    eps = json.loads(out.read_text())["episodes"]
+    videos = [e.get("video") for e in eps]
+    assert all(v is not None for v in videos[:2]) and not any(videos[2:])
+    for e in eps[:2]:
+        tag = "success" if e["success_once"] else "failure"
+        assert e["video"].endswith(f"eval/ep{e['episode_seed']}_{tag}.gif") and os.path.getsize(e["video"]) > 0

@@ -130,6 +130,12 @@ class EvalConfig:
     # A JSON file for the per-episode results (seed, env index, success, return, length) and the summary:
     # `vla-rl compare` pairs two such files episode by episode.
     out: str | None = None
+    # Videos of the first `videos` episodes (one frame per chunk; camera images, or a rendering for state-only
+    # envs), named by episode seed and outcome, into `video_dir` (default: beside `out`, else runs/eval_videos).
+    videos: int = 0
+    video_dir: str | None = None
+    video_format: Literal["mp4", "gif"] = "mp4"
+    progress: bool = True
 
 
 def open_checkpoint(path: str | Path, *, env_config, num_envs: int, device: torch.device,
@@ -175,12 +181,26 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None) -> dict
     env_cfg = checkpoint_env_config(path, cfg.env)
     actor, env = open_checkpoint(path, env_config=env_cfg, num_envs=num_envs, device=torch.device(cfg.device),
                                  seed=cfg.seed)
+    def progress(done: int, total: int) -> None:
+        if cfg.progress and total > num_envs:
+            print(f"  {done}/{total} episodes", flush=True)
+
     try:
         sampler = SamplerConfig(cfg.num_steps, cfg.method, noise_level=cfg.noise_level, sde_mode=cfg.sde_mode)
         records = evaluate_episodes(actor, env, num_episodes=cfg.episodes, sampler=sampler, execute=cfg.execute,
-                                    seed=cfg.seed)
+                                    seed=cfg.seed, videos=cfg.videos, progress=progress)
     finally:
         env.close()
+    if cfg.videos:
+        from vla_rl.envs.video import record_video
+
+        video_dir = Path(cfg.video_dir or (Path(cfg.out).with_suffix("") if cfg.out else "runs/eval_videos"))
+        for r in records:
+            frames = r.pop("frames", None)
+            if frames:
+                tag = "success" if r["success_once"] else "failure"
+                r["video"] = str(record_video(frames, video_dir / f"ep{r['episode_seed']}_{tag}.{cfg.video_format}",
+                                              fps=4))
     metrics = summarize(records)
     if cfg.out:
         write_episode_file(cfg.out, checkpoint=str(path), config=asdict(cfg) | {"num_envs": num_envs},
