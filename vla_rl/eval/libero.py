@@ -16,7 +16,7 @@ from vla_rl.env_factory import EnvConfig
 from vla_rl.envs.libero import ACTION_DIM, STATE_DIM, LiberoConfig
 
 OFFICIAL_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10")
-CAMERA_SETS = {1: ("agentview",), 2: ("agentview", "wrist")}   # model cameras -> LIBERO cameras
+CAMERA_SETS = {0: (), 1: ("agentview",), 2: ("agentview", "wrist")}   # model cameras -> LIBERO cameras (0: state only)
 # Orientation of the images in openpi's LIBERO datasets (and of vla_rl.data.libero_demos recordings).
 DATASET_ORIENTATION = "rot180"
 
