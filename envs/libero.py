@@ -1,5 +1,5 @@
 """LIBERO adapter: LIBERO's MuJoCo (robosuite) tasks behind the single-env worker protocol of
-:mod:`envs.workers`, and the official evaluation protocol.
+:mod:`envs.workers`.
 
 Install with ``PY=.venv/bin/python bash scripts/setup_libero.sh`` (hf-libero 0.1.4, robosuite 1.4.0,
 mujoco 3.8.1, the scene/object asset wheels, and ``.cache/libero/config.yaml``).
@@ -8,8 +8,9 @@ mujoco 3.8.1, the scene/object asset wheels, and ``.cache/libero/config.yaml``).
   :class:`envs.workers.WorkerVectorEnv`, or in-process). It may hold several tasks of a suite: one
   robosuite env per task, created lazily and cached; ``reset(seed)`` draws (task, init state) from the
   seed, ``reset_to(task_id, init_state_id)`` sets an explicit episode.
-- :func:`evaluate_libero_protocol` is the official protocol: every task of a suite, its first 50 fixed
-  initial states, 10 no-op settle steps, success within the suite's step limit.
+- The official protocol (every task of a suite, its first 50 fixed initial states, 10 no-op settle steps,
+  success within the suite's step limit) is ``episode_order="indexed"`` run through the one evaluation loop
+  (:mod:`vla_rl.eval.bench`): episode ``k`` is task ``k // 50``, init state ``k % 50``.
 
 Observations: ``images`` uint8 ``[C, S, S, 3]`` (cameras ``agentview`` then ``wrist``), ``state`` float32
 ``[8]`` = end-effector position (3), end-effector orientation as axis-angle (3), gripper finger qpos (2)
@@ -30,19 +31,16 @@ from __future__ import annotations
 
 import math
 import os
-import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import torch
 
 from .base import EnvSpec
-from .video import record_video
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SETUP_HINT = "run `PY=.venv/bin/python bash scripts/setup_libero.sh` (or `make sims`) to install LIBERO"
@@ -50,6 +48,7 @@ SETUP_HINT = "run `PY=.venv/bin/python bash scripts/setup_libero.sh` (or `make s
 # Official per-suite step limits (openpi / OpenVLA LIBERO evaluation).
 SUITE_MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520,
                    "libero_90": 400}
+SUITE_NUM_TASKS = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10, "libero_90": 90}
 CAMERAS = {"agentview": ("agentview", "agentview_image"),
            "wrist": ("robot0_eye_in_hand", "robot0_eye_in_hand_image")}  # ours -> (robosuite, obs key)
 NOOP = np.array([0.0] * 6 + [-1.0])  # no motion, gripper open: what the settle steps send
@@ -89,6 +88,12 @@ def _libero():
     return benchmark, get_libero_path, OffScreenRenderEnv
 
 
+def task_instruction(suite: str, task_id: int) -> str:
+    """The language instruction of ``suite``'s task ``task_id`` (imports LIBERO)."""
+    benchmark, _, _ = _libero()
+    return benchmark.get_benchmark_dict()[suite]().get_task(task_id).language
+
+
 def quat_to_axis_angle(quat: np.ndarray) -> np.ndarray:
     """Quaternion ``(x, y, z, w)`` (robosuite's order) ``[4]`` -> axis * angle ``[3]``.
 
@@ -120,6 +125,10 @@ class LiberoConfig:
     # bit-identical episodes to a freshly built env once the gripper's action memory is cleared.
     soft_reset: bool = True
     max_cached_envs: int = 10                # robosuite envs (one per task) kept open in this process
+    # "random": reset(seed) draws (task, init state) uniformly (training). "indexed": reset(seed) plays episode
+    # number `seed` of the list [(t, i) for t in task_ids for i in init_state_ids] and reset(None) the next one,
+    # so a batched evaluation whose env j resets with seed s + j covers the fixed protocol episodes in order.
+    episode_order: Literal["random", "indexed"] = "random"
 
     def __post_init__(self):
         if self.suite not in SUITE_MAX_STEPS:
@@ -144,11 +153,19 @@ class LiberoConfig:
         return self.max_episode_steps or SUITE_MAX_STEPS[self.suite]
 
 
+def episode_of(index: int, task_ids: Sequence[int], init_state_ids: Sequence[int]) -> tuple[int, int]:
+    """Episode ``index`` of the task-major list ``[(t, i) for t in task_ids for i in init_state_ids]`` (wrapping
+    around): the order the official protocol runs, each task's init states in turn."""
+    k = index % (len(task_ids) * len(init_state_ids))
+    return int(task_ids[k // len(init_state_ids)]), int(init_state_ids[k % len(init_state_ids)])
+
+
 class LiberoSingleEnv:
     """One LIBERO env (numpy in and out) implementing the single-env protocol of :mod:`envs.workers`.
 
     ``reset(seed)`` picks (task, init state) uniformly from ``config.task_ids`` x ``config.init_state_ids``
-    with a generator seeded by ``seed`` (``None`` continues the sequence); ``reset_to(task_id,
+    with a generator seeded by ``seed`` (``None`` continues the sequence), or, with ``episode_order="indexed"``,
+    plays episode number ``seed`` of that list (:func:`episode_of`); ``reset_to(task_id,
     init_state_id)`` starts an explicit episode (the official protocol). Both set the init state, run
     ``num_settle_steps`` no-op steps, and return the first observation.
     """
@@ -166,6 +183,7 @@ class LiberoSingleEnv:
                             num_cameras=len(cfg.cameras), image_size=cfg.image_size,
                             max_episode_steps=cfg.episode_steps)
         self._rng = np.random.default_rng(seed)
+        self._next_episode = 0
         self._envs: OrderedDict[int, object] = OrderedDict()   # task id -> robosuite env, LRU order
         self._init_states: dict[int, np.ndarray] = {}
         self._env = None
@@ -207,11 +225,20 @@ class LiberoSingleEnv:
         return env
 
     def reset(self, seed: int | None = None) -> dict:
+        if self.cfg.episode_order == "indexed":
+            self._next_episode = self._next_episode if seed is None else int(seed)
+            task_id, init_id = self.episode(self._next_episode)
+            self._next_episode += 1
+            return self.reset_to(task_id, init_id)
         if seed is not None:
             self._rng = np.random.default_rng(seed)
         task_id = self.task_ids[int(self._rng.integers(len(self.task_ids)))]
         init_id = self.init_state_ids[int(self._rng.integers(len(self.init_state_ids)))]
         return self.reset_to(task_id, init_id)
+
+    def episode(self, index: int) -> tuple[int, int]:
+        """(task id, init state id) of episode ``index`` in ``episode_order="indexed"`` (task-major; wraps)."""
+        return episode_of(index, self.task_ids, self.init_state_ids)
 
     def reset_to(self, task_id: int, init_state_id: int) -> dict:
         """Start the episode of task ``task_id`` from its fixed init state ``init_state_id``."""
@@ -301,189 +328,3 @@ class LiberoSingleEnv:
             env.close()
         self._envs.clear()
         self._env, self._raw, self._done = None, None, True
-
-
-# ----------------------------------------------------------------------------------------------------
-# The official evaluation protocol
-
-
-@dataclass
-class LiberoEpisode:
-    suite: str
-    task_id: int
-    init_state_id: int
-    success: bool
-    length: int               # policy steps (settle steps excluded)
-    video: Path | None = None
-
-
-@dataclass
-class LiberoProtocolResult:
-    """Per-episode outcomes of :func:`evaluate_libero_protocol`, with per-task / per-suite summaries."""
-
-    episodes: list[LiberoEpisode] = field(default_factory=list)
-    instructions: dict[tuple[str, int], str] = field(default_factory=dict)
-    seconds: float = 0.0
-
-    def per_task(self) -> dict[tuple[str, int], float]:
-        out: dict[tuple[str, int], list[bool]] = {}
-        for e in self.episodes:
-            out.setdefault((e.suite, e.task_id), []).append(e.success)
-        return {k: sum(v) / len(v) for k, v in sorted(out.items())}
-
-    def per_suite(self) -> dict[str, float]:
-        out: dict[str, list[bool]] = {}
-        for e in self.episodes:
-            out.setdefault(e.suite, []).append(e.success)
-        return {k: sum(v) / len(v) for k, v in out.items()}
-
-    @property
-    def success_rate(self) -> float:
-        """Mean over suites of each suite's success rate (the papers' 'average')."""
-        suites = self.per_suite()
-        return sum(suites.values()) / max(len(suites), 1)
-
-    def metrics(self, prefix: str = "eval") -> dict[str, float]:
-        m = {f"{prefix}/{s}/success_once": v for s, v in self.per_suite().items()}
-        m.update({f"{prefix}/{s}/task{t:02d}/success_once": v for (s, t), v in self.per_task().items()})
-        m[f"{prefix}/success_once"] = self.success_rate
-        m[f"{prefix}/episodes"] = float(len(self.episodes))
-        return m
-
-    def table(self) -> str:
-        """A markdown success table: one row per task, then one per suite."""
-        counts: dict[tuple[str, int], list[bool]] = {}
-        for e in self.episodes:
-            counts.setdefault((e.suite, e.task_id), []).append(e.success)
-        lines = ["| suite | task | instruction | success | episodes |", "|---|---|---|---|---|"]
-        for (s, t), v in sorted(counts.items()):
-            lines.append(f"| {s} | {t} | {self.instructions.get((s, t), '')} | "
-                         f"{100 * sum(v) / len(v):.1f} % | {len(v)} |")
-        for s, rate in self.per_suite().items():
-            n = sum(e.suite == s for e in self.episodes)
-            lines.append(f"| **{s}** | all | | **{100 * rate:.1f} %** | {n} |")
-        return "\n".join(lines)
-
-
-def _to_numpy_actions(actions, n: int) -> np.ndarray:
-    a = actions.detach().cpu().numpy() if isinstance(actions, torch.Tensor) else np.asarray(actions)
-    a = a.astype(np.float64)
-    if a.ndim != 3 or a.shape[0] != n or a.shape[2] != ACTION_DIM or a.shape[1] < 1:
-        raise ValueError(f"policy must return actions [{n}, H, {ACTION_DIM}], got {a.shape}")
-    if not np.isfinite(a).all():
-        raise ValueError("policy returned NaN or inf actions")
-    return np.clip(a, -1.0, 1.0)   # robosuite clips to [-1, 1] too
-
-
-def evaluate_libero_protocol(
-    act: Callable[[dict], np.ndarray | torch.Tensor],
-    *,
-    suites: Sequence[str] | str = ("libero_spatial", "libero_object", "libero_goal", "libero_10"),
-    task_ids: Sequence[int] | None = None,
-    num_init_states: int = 50,
-    num_envs: int = 1,
-    execute: int | None = None,
-    config: LiberoConfig | None = None,
-    video_dir: str | Path | None = None,
-    video_format: Literal["mp4", "gif"] = "mp4",
-    videos_per_task: int = 1,
-    video_fps: int = 20,
-    progress: bool = True,
-) -> LiberoProtocolResult:
-    """The official LIBERO protocol: for each task of each suite and each of its first
-    ``num_init_states`` fixed init states, reset to it, settle (no-op steps), then run ``act`` chunk
-    by chunk until success or the suite's step limit.
-
-    ``act(obs) -> actions [N, H, 7]`` gets a batch in the env interface's format (``images`` uint8
-    ``[N, C, S, S, 3]``, ``state`` float32 ``[N, 8]`` torch tensors, ``instruction`` list of N str) and
-    returns numpy or torch actions in [-1, 1] (clipped here); ``execute`` actions of each chunk are run
-    (default: all). ``N = num_envs`` single envs run sequentially in this process; when fewer episodes
-    than envs remain, the idle envs' last observations are still passed (and their actions ignored), so
-    N is constant. ``config`` sets image size, cameras, orientation, settle steps (its ``suite``,
-    ``task_ids``, ``init_state_ids`` are ignored; ``max_episode_steps`` None keeps the official limits).
-    Videos (the first ``videos_per_task`` init states of each task, named by outcome) go to
-    ``video_dir``.
-    """
-    if isinstance(suites, str):
-        suites = [suites]
-    if num_envs < 1 or num_init_states < 1 or (execute is not None and execute < 1):
-        raise ValueError("num_envs, num_init_states and execute must be >= 1")
-    base = config or LiberoConfig()
-    result = LiberoProtocolResult()
-    start = time.perf_counter()
-    for suite in suites:
-        cfg = replace(base, suite=suite, task_ids=None, init_state_ids=None)
-        envs = [LiberoSingleEnv(cfg) for _ in range(num_envs)]
-        try:
-            _run_suite(act, envs, cfg, result, task_ids=task_ids, num_init_states=num_init_states,
-                       execute=execute, video_dir=None if video_dir is None else Path(video_dir),
-                       video_format=video_format, videos_per_task=videos_per_task, video_fps=video_fps,
-                       progress=progress)
-        finally:
-            for env in envs:
-                env.close()
-    result.seconds = time.perf_counter() - start
-    return result
-
-
-def _run_suite(act, envs: list[LiberoSingleEnv], cfg: LiberoConfig, result: LiberoProtocolResult, *,
-               task_ids, num_init_states, execute, video_dir, video_format, videos_per_task, video_fps,
-               progress) -> None:
-    from tqdm.auto import tqdm
-
-    suite = cfg.suite
-    tids = list(range(envs[0].suite.get_num_tasks())) if task_ids is None else list(task_ids)
-    queue = []
-    for t in tids:
-        result.instructions[(suite, t)] = envs[0].instruction_of(t)
-        n_init = len(envs[0].init_states(t))
-        if num_init_states > n_init:
-            raise ValueError(f"num_init_states={num_init_states}, but {suite} task {t} has {n_init}")
-        queue += [(t, i) for i in range(num_init_states)]
-    queue.reverse()   # pop() from the end: task-major order, so each env reuses its cached task env
-    n = len(envs)
-    obs: list[dict | None] = [None] * n
-    frames: list[list[np.ndarray] | None] = [None] * n
-    active = [False] * n
-    bar = tqdm(total=len(queue), desc=f"LIBERO {suite}", disable=not progress, leave=False)
-
-    def start(i: int) -> None:
-        t, k = queue.pop()
-        obs[i] = envs[i].reset_to(t, k)
-        frames[i] = [envs[i].render_frame()] if video_dir is not None and k < videos_per_task else None
-        active[i] = True
-
-    def finish(i: int, success: bool) -> None:
-        env = envs[i]
-        video = None
-        if frames[i] is not None:
-            tag = "success" if success else "failure"
-            name = f"{suite}_task{env.task_id:02d}_init{env.init_state_id:02d}_{tag}.{video_format}"
-            video = record_video(frames[i], video_dir / name, fps=video_fps)
-        result.episodes.append(LiberoEpisode(suite, env.task_id, env.init_state_id, success, env._t, video))
-        active[i] = False
-        bar.update(1)
-
-    for i in range(min(n, len(queue))):
-        start(i)
-    while any(active):
-        batch = [o if o is not None else obs[active.index(True)] for o in obs]
-        chunk = _to_numpy_actions(act({
-            "images": torch.from_numpy(np.stack([o["images"] for o in batch])),
-            "state": torch.from_numpy(np.stack([o["state"] for o in batch])),
-            "instruction": [o["instruction"] for o in batch],
-        }), n)
-        chunk = chunk[:, :execute] if execute else chunk
-        for i in range(n):
-            if not active[i]:
-                continue
-            for a in chunk[i]:
-                obs[i], _, terminated, truncated, success = envs[i].step(a)
-                if frames[i] is not None:
-                    frames[i].append(envs[i].render_frame())
-                if terminated or truncated:
-                    finish(i, success)
-                    if queue:
-                        start(i)
-                    break
-    bar.close()

@@ -84,10 +84,12 @@ class VideoRecorder:
     An env that ended inside a chunk contributes its final frame, then the first frame of its next
     episode (the video runs on across episodes). Frames are the env's camera images side by side; for
     envs without cameras ``env.render_frames(indices)`` is used (it renders the current state, so the
-    final frame of an ended episode is not available there).
+    final frame of an ended episode is not available there). With ``first_episode_only`` an env's video ends
+    with its first episode (evaluations score each env's first episode only).
     """
 
-    def __init__(self, env, indices: Sequence[int] = (0,), *, fps: int = 10, scale: int = 1):
+    def __init__(self, env, indices: Sequence[int] = (0,), *, fps: int = 10, scale: int = 1,
+                 first_episode_only: bool = False):
         self.env = env
         self.indices = [int(i) for i in indices]
         num_envs = getattr(env, "num_envs", None)
@@ -96,7 +98,9 @@ class VideoRecorder:
         if num_envs is not None and any(not 0 <= i < num_envs for i in self.indices):
             raise ValueError(f"env indices {self.indices} out of range for {num_envs} envs")
         self.fps, self.scale = fps, scale
+        self.first_episode_only = first_episode_only
         self.frames: dict[int, list[np.ndarray]] = {i: [] for i in self.indices}
+        self.ended: set[int] = set()   # envs whose recording is over (first_episode_only)
 
     def _frames(self, obs: dict) -> list[np.ndarray]:
         images = obs["images"]
@@ -111,17 +115,23 @@ class VideoRecorder:
 
     def add(self, step: ChunkStep | dict) -> None:
         """Add the frames of one observation dict (after ``reset``) or of one :class:`ChunkStep`."""
+        live = [i for i in self.indices if i not in self.ended]
+        if not live:
+            return
         if isinstance(step, ChunkStep):
+            done = step.done
             if step.final_obs is not None and step.final_obs["images"].shape[1] > 0:
-                done = step.done
                 for i, frame in zip(self.indices, self._frames(step.final_obs)):
-                    if bool(done[i]):
+                    if bool(done[i]) and i not in self.ended:
                         self.frames[i].append(frame)
+            if self.first_episode_only:
+                self.ended.update(i for i in live if bool(done[i]))
             obs = step.obs
         else:
             obs = step
         for i, frame in zip(self.indices, self._frames(obs)):
-            self.frames[i].append(frame)
+            if i not in self.ended:
+                self.frames[i].append(frame)
 
     def save(self, path: str | Path) -> list[Path]:
         """Write one video per recorded env; ``path`` may contain ``{index}`` (needed for several envs)."""
@@ -133,6 +143,7 @@ class VideoRecorder:
 
     def clear(self) -> None:
         self.frames = {i: [] for i in self.indices}
+        self.ended = set()
 
 
 def _images_np(images) -> np.ndarray:

@@ -10,7 +10,6 @@ import os
 
 import numpy as np
 import pytest
-import torch
 
 from vla_rl.envs.libero import (
     SUITE_MAX_STEPS,
@@ -18,7 +17,7 @@ from vla_rl.envs.libero import (
     LiberoNotInstalled,
     LiberoSingleEnv,
     _libero,
-    evaluate_libero_protocol,
+    episode_of,
     quat_to_axis_angle,
 )
 
@@ -122,32 +121,24 @@ def test_soft_reset_repeats_an_episode_exactly(env):
         assert np.array_equal(a["images"], b["images"]) and np.array_equal(a["state"], b["state"])
 
 
+def test_indexed_episodes_are_task_major_and_wrap():
+    assert [episode_of(k, [3, 5], [0, 1, 2]) for k in range(7)] == [(3, 0), (3, 1), (3, 2), (5, 0), (5, 1), (5, 2),
+                                                                     (3, 0)]
+
+
 @needs_libero
-def test_protocol_run_makes_a_table_and_a_video(tmp_path):
-    calls = []
-
-    def zero_policy(obs):
-        calls.append(tuple(obs["images"].shape))
-        n = obs["state"].shape[0]
-        act = torch.zeros(n, 4, 7)
-        act[..., 6] = -1.0
-        return act
-
-    cfg = LiberoConfig(cameras=("agentview",), image_size=64, max_episode_steps=6)
-    res = evaluate_libero_protocol(zero_policy, suites="libero_spatial", task_ids=[0], num_init_states=2,
-                                   config=cfg, execute=3, video_dir=tmp_path, video_format="mp4",
-                                   videos_per_task=1, progress=False)
-    assert [(e.task_id, e.init_state_id, e.success, e.length) for e in res.episodes] == [(0, 0, False, 6),
-                                                                                       (0, 1, False, 6)]
-    assert calls == [(1, 1, 64, 64, 3)] * 4              # 2 episodes x 6 steps / 3 executed per chunk
-    assert res.per_task() == {("libero_spatial", 0): 0.0} and res.success_rate == 0.0
-    assert res.metrics()["eval/libero_spatial/success_once"] == 0.0
-    assert INSTRUCTION in res.table() and "**libero_spatial**" in res.table()
-    videos = [e.video for e in res.episodes if e.video is not None]
-    assert [v.name for v in videos] == ["libero_spatial_task00_init00_failure.mp4"]
-    import imageio.v2 as imageio
-    frames = imageio.mimread(videos[0])
-    assert len(frames) == 7 and frames[0].shape == (64, 64, 3)   # reset frame + 6 steps
+def test_indexed_reset_plays_the_numbered_episode(env):
+    cfg = LiberoConfig(suite="libero_spatial", task_ids=[0], init_state_ids=[0, 1, 2], episode_order="indexed",
+                       max_episode_steps=3, cameras=(), max_cached_envs=1)
+    indexed = LiberoSingleEnv(cfg)
+    try:
+        a = indexed.reset(seed=2)
+        assert (indexed.task_id, indexed.init_state_id) == (0, 2)
+        assert np.array_equal(a["state"], env.reset_to(0, 2)["state"])
+        indexed.reset()                    # None: the next episode, wrapping to the first
+        assert (indexed.task_id, indexed.init_state_id) == (0, 0)
+    finally:
+        indexed.close()
 
 
 @pytest.mark.slow
@@ -190,21 +181,3 @@ def test_worker_pool_of_libero_envs_passes_the_contract(envs_per_worker):
         assert pool.render_frames()[0].shape == (64, 128, 3)
     finally:
         pool.close()
-
-
-@pytest.mark.slow
-@needs_libero
-def test_protocol_two_envs_equals_one_env():
-    def policy(obs):
-        n = obs["state"].shape[0]
-        a = torch.zeros(n, 5, 7)
-        a[..., 2] = -0.5
-        a[..., 6] = -1.0
-        return a
-
-    kw = dict(suites="libero_spatial", task_ids=[1], num_init_states=3, progress=False,
-              config=LiberoConfig(cameras=(), max_episode_steps=10))
-    one = evaluate_libero_protocol(policy, num_envs=1, **kw)
-    two = evaluate_libero_protocol(policy, num_envs=2, **kw)
-    key = lambda r: sorted((e.task_id, e.init_state_id, e.success, e.length) for e in r.episodes)  # noqa: E731
-    assert key(one) == key(two) and len(one.episodes) == 3

@@ -1,4 +1,4 @@
-"""`vla-rl eval --libero` (the official protocol, reduced: one task, two init states) and the LIBERO
+"""`vla-rl bench --suite libero_*` (the official protocol, reduced: one task, two init states) and the LIBERO
 dataset layout (record a few random-policy episodes, read them back, SFT on them).
 
 The real-LIBERO tests share one recorded dataset and one SFT policy (module fixtures); they need LIBERO
@@ -17,8 +17,8 @@ from vla_rl.checkpoint import CheckpointError, save_policy
 from vla_rl.cli import main
 from vla_rl.config import ConfigError, from_dict
 from vla_rl.data.lerobot import detect_keys, read_lerobot_dataset, read_lerobot_info
-from vla_rl.envs.libero import LiberoEpisode, LiberoProtocolResult
-from vla_rl.eval.libero import LiberoEvalConfig, libero_env_config, summarize
+from vla_rl.eval.bench import BenchConfig
+from vla_rl.eval.libero import libero_env_config
 from vla_rl.policies.config import policy_preset
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
@@ -47,63 +47,53 @@ def test_detect_keys_prefers_lerobot_names_then_libero_layout():
 
 
 def test_config_rejects_unknown_suites_and_protocol_keys():
-    assert from_dict(LiberoEvalConfig, {}).suites == ["libero_spatial", "libero_object", "libero_goal", "libero_10"]
-    assert from_dict(LiberoEvalConfig, {}).init_states == 50
-    with pytest.raises(ConfigError, match="unknown LIBERO suite.*libero_100.*valid: libero_spatial"):
-        from_dict(LiberoEvalConfig, {"suites": ["libero_spatial", "libero_100"]})
+    assert from_dict(BenchConfig, {}).suite == "libero_4" and from_dict(BenchConfig, {}).episodes_per_task == 50
+    with pytest.raises(ConfigError, match="unknown suite 'libero_100'.*libero_spatial"):
+        from_dict(BenchConfig, {"suite": "libero_100"})
+    with pytest.raises(ConfigError, match="episodes = 0 is outside"):
+        from_dict(BenchConfig, {"episodes": 0})
+    one = policy_preset("tiny", {**SMALL, "action_dim": 7})
     with pytest.raises(ConfigError, match="env.init_state_ids is set by the protocol"):
-        from_dict(LiberoEvalConfig, {"env": {"init_state_ids": [3]}})
-    with pytest.raises(ConfigError, match="init_states"):
-        from_dict(LiberoEvalConfig, {"init_states": 0})
+        libero_env_config({}, one, {"init_state_ids": [3]})
 
 
 def test_cli_reports_bad_suite_and_wrong_dims(tmp_path, capsys):
     ok = tiny_checkpoint(tmp_path / "ok", num_cameras=2, action_dim=7)
-    assert main(["eval", str(ok), "--libero", "libero_spatial,libero_100"]) == 2
-    assert "unknown LIBERO suite(s) ['libero_100']" in capsys.readouterr().err
+    assert main(["bench", str(ok), "--suite", "libero_100"]) == 2
+    assert "unknown suite 'libero_100'" in capsys.readouterr().err
+    assert main(["eval", str(ok), "--libero", "libero_spatial"]) == 2          # moved: says where
+    assert f"vla-rl bench {ok} --suite libero_spatial" in capsys.readouterr().err
     builtin = tiny_checkpoint(tmp_path / "builtin", meta_dims=(4, 2))
-    assert main(["eval", str(builtin), "--libero", "libero_spatial", f"out={tmp_path / 'out'}"]) == 2
+    assert main(["bench", str(builtin), "--suite", "libero_spatial", f"out={tmp_path / 'out'}"]) == 2
     err = capsys.readouterr().err
     assert "trained for state 4 / action 2 (test); LIBERO needs state 8 / action 7" in err, err
     assert not (tmp_path / "out").exists()   # failed before any simulation or output
 
 
 def test_env_config_follows_the_model_and_rejects_misfits(tmp_path):
-    cfg = LiberoEvalConfig()
     two = policy_preset("tiny", {**SMALL, "num_cameras": 2, "action_dim": 7})
-    env = libero_env_config({"env": {"state_dim": 8, "action_dim": 7}}, two, cfg)
+    env = libero_env_config({"env": {"state_dim": 8, "action_dim": 7}}, two)
     assert env.cameras == ("agentview", "wrist") and env.image_size == 32 and env.image_orientation == "rot180"
     one = policy_preset("tiny", {**SMALL, "action_dim": 7})
-    assert libero_env_config({}, one, LiberoEvalConfig(env={"image_orientation": "upright"})).cameras == ("agentview",)
-    # A training run on LIBERO: its env options (here the orientation) are the default.
-    train_env = {"kind": "libero", "options": {"image_orientation": "upright", "suite": "libero_goal",
-                                               "max_episode_steps": 9}}
-    env = libero_env_config({}, one, cfg, train_env)
-    assert env.image_orientation == "upright" and env.max_episode_steps is None   # official limits
-    assert libero_env_config({"env_config": train_env}, one, cfg).image_orientation == "upright"
+    assert libero_env_config({}, one, {"image_orientation": "upright"}).cameras == ("agentview",)
+    # A training run on LIBERO: its env settings (here the orientation) are the default; the older `options`
+    # spelling of run folders is read too.
+    for train_env in ({"kind": "libero", "libero": {"image_orientation": "upright", "suite": "libero_goal",
+                                                    "max_episode_steps": 9}},
+                      {"kind": "libero", "options": {"image_orientation": "upright", "max_episode_steps": 9}}):
+        env = libero_env_config({}, one, {}, train_env)
+        assert env.image_orientation == "upright" and env.max_episode_steps is None   # official limits
+        assert libero_env_config({"env_config": train_env}, one).image_orientation == "upright"
     with pytest.raises(CheckpointError, match="model has state/action dims 8/4; LIBERO needs at least 8/7"):
-        libero_env_config({}, policy_preset("tiny", SMALL), cfg)
+        libero_env_config({}, policy_preset("tiny", SMALL))
     with pytest.raises(CheckpointError, match="takes 3 camera"):
-        libero_env_config({}, policy_preset("tiny", {**SMALL, "num_cameras": 3, "action_dim": 7}), cfg)
+        libero_env_config({}, policy_preset("tiny", {**SMALL, "num_cameras": 3, "action_dim": 7}))
     with pytest.raises(CheckpointError, match="env.image_size=64, but the model takes 32px"):
-        libero_env_config({}, one, LiberoEvalConfig(env={"image_size": 64}))
+        libero_env_config({}, one, {"image_size": 64})
     with pytest.raises(CheckpointError, match="gives 2 camera"):
-        libero_env_config({}, one, LiberoEvalConfig(env={"cameras": ["agentview", "wrist"]}))
+        libero_env_config({}, one, {"cameras": ["agentview", "wrist"]})
     with pytest.raises(ConfigError, match="image_orientation"):
-        libero_env_config({}, one, LiberoEvalConfig(env={"image_orientation": "sideways"}))
-
-
-def test_summary_known_answer():
-    eps = [LiberoEpisode("libero_spatial", 0, 0, True, 40), LiberoEpisode("libero_spatial", 0, 1, False, 220),
-           LiberoEpisode("libero_spatial", 3, 0, True, 50), LiberoEpisode("libero_spatial", 3, 1, True, 60),
-           LiberoEpisode("libero_goal", 1, 0, False, 300)]
-    s = summarize(LiberoProtocolResult(eps, {("libero_spatial", 0): "a", ("libero_goal", 1): "b"}, 1.5))
-    assert s["per_suite"]["libero_spatial"] == {"success_rate": 0.75, "successes": 3, "episodes": 4, "tasks": 2}
-    assert s["per_suite"]["libero_goal"] == {"success_rate": 0.0, "successes": 0, "episodes": 1, "tasks": 1}
-    assert s["success_rate"] == 0.375 and (s["successes"], s["episodes"]) == (3, 5)
-    assert [(t["suite"], t["task_id"], t["success_rate"], t["episodes"]) for t in s["per_task"]] == [
-        ("libero_goal", 1, 0.0, 1), ("libero_spatial", 0, 0.5, 2), ("libero_spatial", 3, 1.0, 2)]
-    assert s["per_task"][1]["instruction"] == "a" and len(s["episode_list"]) == 5
+        libero_env_config({}, one, {"image_orientation": "sideways"})
 
 
 # ---------------------------------------------------------------------------------------------- real
@@ -161,31 +151,35 @@ def test_sft_trains_on_the_libero_layout(sft_policy):
 
 
 @needs_libero
-def test_cli_eval_runs_the_reduced_protocol(sft_policy, tmp_path, capsys):
+def test_cli_bench_runs_the_reduced_protocol_and_resumes(sft_policy, tmp_path, capsys):
     _, ckpt = sft_policy
-    out = tmp_path / "eval"
-    rc = main(["eval", str(ckpt), "--libero", "libero_spatial", "task_ids=[0]", "init_states=2", "execute=4",
-               f"env.max_episode_steps={STEPS}", f"out={out}", "progress=false"])
-    assert rc == 0
+    out = tmp_path / "bench"
+    args = ["bench", str(ckpt), "--suite", "libero_spatial", "tasks=[0]", "episodes=2", "execute=4", "workers=2",
+            f"env.max_episode_steps={STEPS}", f"out={out}", "progress=false"]
+    assert main(args) == 0
     printed = capsys.readouterr().out
     res = json.loads((out / "results.json").read_text())
-    assert res["episodes"] == 2 and res["protocol"]["init_states"] == 2
-    assert res["protocol"]["suites"] == ["libero_spatial"]
-    assert res["protocol"]["env"]["image_size"] == 32 and res["protocol"]["env"]["cameras"] == ["agentview", "wrist"]
-    assert [(e["task_id"], e["init_state_id"]) for e in res["episode_list"]] == [(0, 0), (0, 1)]
-    for e in res["episode_list"]:   # an untrained policy: success is whatever it is, lengths are bounded
-        assert 1 <= e["length"] <= STEPS and (e["success"] or e["length"] == STEPS)
-    (task,) = res["per_task"]
-    assert task["episodes"] == 2 and task["successes"] == sum(e["success"] for e in res["episode_list"])
-    assert task["success_rate"] == task["successes"] / 2 and task["instruction"].startswith("pick up the black bowl")
-    suite = res["per_suite"]["libero_spatial"]
-    assert suite["success_rate"] == task["success_rate"] == res["success_rate"]   # mean of its (one) task
-    assert (suite["episodes"], suite["tasks"]) == (2, 1)
-    # Videos of the first init state of each task only (videos_per_task=1), named by outcome.
-    videos = sorted(p.name for p in (out / "videos").iterdir())
-    first = res["episode_list"][0]
-    assert videos == [f"libero_spatial_task00_init00_{'success' if first['success'] else 'failure'}.mp4"]
-    assert (out / "videos" / videos[0]).stat().st_size > 0 and first["video"] == videos[0]
-    table = (out / "results.md").read_text()
-    assert "| libero_spatial | 0 | pick up the black bowl" in table and "| **libero_spatial** | all |" in table
-    assert res["table"] in printed and "average success (mean over suites)" in printed
+    (task,) = res["tasks"]
+    assert (task["suite"], task["task"], task["episodes"]) == ("libero_spatial", "0", 2)
+    assert task["instruction"].startswith("pick up the black bowl")
+    doc = json.loads((out / "tasks" / "libero_spatial" / "0.json").read_text())
+    # episode k of the task is its fixed init state k, whatever the number of workers
+    assert [(r["task_id"], r["init_state_id"]) for r in doc["records"]] == [(0, 0), (0, 1)]
+    for r in doc["records"]:   # an untrained policy: success is whatever it is, lengths are bounded
+        assert 1 <= r["length"] <= STEPS and (r["success_once"] or r["length"] == STEPS)
+    assert task["successes"] == sum(r["success_once"] for r in doc["records"])
+    suite = res["suites"]["libero_spatial"]
+    assert suite["success_rate"] == task["success_rate"] == res["average"] and suite["episodes"] == 2
+    first = doc["records"][0]
+    assert first["video"] == f"videos/libero_spatial_0_ep00000_{'success' if first['success_once'] else 'failure'}.mp4"
+    assert (out / first["video"]).stat().st_size > 0 and "video" not in doc["records"][1]   # videos=1 per task
+    assert res["weights_sha256"] and "vla-rl bench" in res["command"]
+    assert "| libero_spatial | 0 | pick up the black bowl" in printed and "**libero_spatial**" in printed
+    # Resume: the finished task is kept, not re-run (its file stays byte-identical).
+    before = (out / "tasks" / "libero_spatial" / "0.json").read_bytes()
+    assert main(args) == 0
+    assert "done earlier, kept" in capsys.readouterr().out
+    assert (out / "tasks" / "libero_spatial" / "0.json").read_bytes() == before
+    # Other settings into the same folder are refused before any work.
+    assert main([*args[:-1], "num_steps=2", "progress=false"]) == 2
+    assert "made with other settings (num_steps)" in capsys.readouterr().err

@@ -47,7 +47,8 @@ def _eval(args) -> int:
     from vla_rl.eval.evaluate import evaluate_checkpoint
 
     if args.libero:
-        return _eval_libero(args)
+        raise ConfigError(f"the LIBERO protocol is `vla-rl bench {args.checkpoint} --suite {args.libero}` "
+                          "(episodes=, tasks=, workers=, out=)")
     metrics = evaluate_checkpoint(args.checkpoint, parse_overrides(args.overrides))
     for k, v in metrics.items():
         print(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
@@ -68,21 +69,29 @@ def _compare(args) -> int:
     return 0
 
 
-def _eval_libero(args) -> int:
+def _bench(args) -> int:
     from vla_rl.envs.libero import LiberoNotInstalled
-    from vla_rl.eval.libero import LiberoEvalConfig, evaluate_libero_checkpoint
+    from vla_rl.eval.bench import BenchError, bench_from_cli, bench_markdown, compare_benches, compare_markdown
 
-    overrides = parse_overrides(args.overrides)
-    overrides["suites"] = [s for s in args.libero.split(",") if s]
-    cfg = from_dict(LiberoEvalConfig, overrides)
     try:
-        res = evaluate_libero_checkpoint(args.checkpoint, cfg)
+        if args.compare:
+            if args.checkpoint or args.suite or args.overrides:
+                raise BenchError("--compare takes two bench folders and nothing else")
+            a, b = args.compare
+            print(compare_markdown(compare_benches(a, b), a, b))
+            return 0
+        if not args.checkpoint or not args.suite:
+            raise BenchError("give a CHECKPOINT and --suite (e.g. --suite libero_spatial or --suite maniskill:mp), "
+                             "or --compare BENCH_A BENCH_B")
+        res = bench_from_cli(args.checkpoint, args.suite, parse_overrides(args.overrides), argv=args.argv)
+    except BenchError as e:
+        print(f"vla-rl: bench error: {e}", file=sys.stderr)
+        return 2
     except LiberoNotInstalled as e:
         print(f"vla-rl: {e}", file=sys.stderr)
         return 2
-    print(res["table"])
-    print(f"average success (mean over suites): {res['success_rate']:.3f} ({res['successes']} of "
-          f"{res['episodes']} episodes); results in {cfg.out}")
+    print(bench_markdown(res))
+    print(f"results in {res['settings']['out']}")
     return 0
 
 
@@ -146,6 +155,20 @@ def _serve(args) -> int:
         return 2
 
 
+def _report(args) -> int:
+    from vla_rl.eval.report import ReportError, write_report
+
+    names = args.names.split(",") if args.names else None
+    try:
+        path, table = write_report(args.runs, args.out, names=names)
+    except ReportError as e:
+        print(f"vla-rl: report error: {e}", file=sys.stderr)
+        return 2
+    print(table)
+    print(f"figures and report: {path.parent}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vla-rl", description="RL fine-tuning of flow-matching VLA policies")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -168,10 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     ev = sub.add_parser("eval", help="evaluate a checkpoint folder with the deterministic ODE sampler",
                         description="Overrides: episodes=200 seed=5 num_steps=10 execute=4 num_envs=50")
     ev.add_argument("checkpoint", help="a policy or training checkpoint folder")
-    ev.add_argument("--libero", metavar="SUITES",
-                    help="run the official LIBERO protocol on these suites (comma-separated, e.g. libero_spatial,"
-                         "libero_object); overrides then: task_ids=[0] init_states=50 execute=8 num_envs=1 "
-                         "out=runs/eval_libero videos_per_task=1 env.image_orientation=upright ...")
+    ev.add_argument("--libero", metavar="SUITES", help=argparse.SUPPRESS)   # moved to `vla-rl bench`
     ev.add_argument("overrides", nargs="*", help="key=value overrides")
     ev.set_defaults(func=_eval)
 
@@ -234,10 +254,33 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto",
                      help="compute dtype (auto: bf16 weights run in bf16 on a GPU, fp32 on a CPU)")
     srv.set_defaults(func=_serve)
+    be = sub.add_parser("bench", help="evaluate a policy on a whole benchmark suite (LIBERO, ManiSkill task lists)",
+                        description="Suites: libero_spatial, libero_object, libero_goal, libero_10, libero_90, "
+                                    "libero_4 (the four the πRL paper averages), maniskill:mp (tasks with motion-"
+                                    "planner demos) or maniskill:PickCube-v1,PushCube-v1. Overrides: episodes=50 "
+                                    "tasks=[0,3] workers=4 num_steps=4 execute=8 seed=10000 videos=1 "
+                                    "out=runs/bench device=cpu env.image_orientation=rot180 ... An interrupted "
+                                    "bench resumes (finished tasks are kept).")
+    be.add_argument("checkpoint", nargs="?", help="a policy or training checkpoint folder")
+    be.add_argument("overrides", nargs="*", help="key=value overrides")
+    be.add_argument("--suite", help="the benchmark suite (see above)")
+    be.add_argument("--compare", nargs=2, metavar=("BASE", "NEW"),
+                    help="pair two bench folders episode by episode per task instead of running one")
+    be.set_defaults(func=_bench)
+
+    rep = sub.add_parser("report", help="learning curves (PNG) and a summary of training runs",
+                         description="Reads each RUN_DIR's metrics.jsonl; writes success_vs_steps.png, "
+                                     "success_vs_time.png, diagnostics.png and report.md into --out.")
+    rep.add_argument("runs", nargs="+", metavar="RUN_DIR", help="training run folders (vla-rl train out=...)")
+    rep.add_argument("--out", default="runs/report", help="output folder (default runs/report)")
+    rep.add_argument("--names", help="comma-separated names for the runs (default: the folder names)")
+    rep.set_defaults(func=_report)
 
     # argparse stops collecting positionals at the first flag; overrides after a flag
     # (`vla-rl train preset --no-progress ppo.lr_actor=1e-4`) come back as extras and are taken here.
+    argv = sys.argv[1:] if argv is None else list(argv)
     args, extra = parser.parse_known_args(argv)
+    args.argv = argv   # the command line as given (recorded by commands that write results)
     unknown = [a for a in extra if a.startswith("-") or "=" not in a]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")

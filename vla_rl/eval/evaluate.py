@@ -19,14 +19,17 @@ EPISODE_METRICS = ("success_once", "success_at_end", "return", "length")
 
 @torch.inference_mode()
 def first_episodes(actor: Actor, env, *, seed: int, count: int, sampler: SamplerConfig, execute: int | None,
-                   generator: torch.Generator, group_size: int = 1) -> dict[str, torch.Tensor]:
+                   generator: torch.Generator, group_size: int = 1, recorder=None) -> dict[str, torch.Tensor]:
     """One round: reset ``env`` with ``seed`` (``group_size`` > 1: groups of envs share an initial state),
     reseed ``generator`` with it, and step until envs ``0 .. count - 1`` have each ended an episode.
 
     Returns each of those envs' *first* episode's metrics (:data:`EPISODE_METRICS`), ``[count]`` tensors
-    indexed by env; episodes that start after an env's first one ends are ignored."""
+    indexed by env; episodes that start after an env's first one ends are ignored. ``recorder`` (a
+    :class:`~vla_rl.envs.video.VideoRecorder`, ``first_episode_only``) gets every observation of the round."""
     n = env.num_envs
     obs = env.reset(seed=seed) if group_size == 1 else env.reset(seed=seed, group_size=group_size)
+    if recorder is not None:
+        recorder.add(obs)
     generator.manual_seed(seed)
     out_metrics = {k: torch.zeros(count, dtype=torch.float64) for k in EPISODE_METRICS}
     pending = torch.arange(n) < count
@@ -34,6 +37,8 @@ def first_episodes(actor: Actor, env, *, seed: int, count: int, sampler: Sampler
         chunk = actor.act(obs, sampler, generator=generator).actions
         out = env.step(chunk[:, :execute] if execute else chunk)
         obs = out.obs
+        if recorder is not None:
+            recorder.add(out)
         if out.episodes:
             for j, i in enumerate(out.episodes["env_index"].tolist()):
                 if pending[i]:
@@ -45,10 +50,17 @@ def first_episodes(actor: Actor, env, *, seed: int, count: int, sampler: Sampler
 
 @torch.inference_mode()
 def evaluate_episodes(actor: Actor, env, *, num_episodes: int, sampler: SamplerConfig | None = None,
-                      execute: int | None = None, seed: int = 1000) -> list[dict[str, float | int]]:
+                      execute: int | None = None, seed: int = 1000, videos: int = 0, video_fps: int = 10,
+                      progress=None) -> list[dict[str, Any]]:
     """Each of ``num_episodes`` episodes' metrics, with where it came from: ``reset_seed`` (its round's
     reset seed) and ``env_index``. The same (reset_seed, env_index) with the same ``env.num_envs`` is the same
-    initial state, so two policies' records pair episode by episode (:mod:`vla_rl.eval.paired`).
+    initial state, so two policies' records pair episode by episode (:mod:`vla_rl.eval.paired`). Worker envs
+    (ManiSkill on CPU, LIBERO) reset env ``i`` with seed ``reset_seed + i``: for them ``episode_seed`` (that
+    sum) names the initial state whatever the number of envs.
+
+    ``videos`` > 0: the first ``videos`` episodes (envs ``0 .. videos - 1`` of the first round) are recorded,
+    one frame per chunk, and their records carry ``frames`` (uint8 ``[H, W, 3]`` list; write them with
+    :func:`~vla_rl.envs.video.record_video`). ``progress(done, total)`` is called after each round.
 
     Round ``r`` of ``env.num_envs`` episodes resets with seed ``seed + r * num_envs`` (fixed seeds: a result
     is reproducible); ``execute`` actions of each chunk are run (default: the whole chunk). Why that stride:
@@ -57,13 +69,24 @@ def evaluate_episodes(actor: Actor, env, *, num_episodes: int, sampler: SamplerC
     sampler = sampler or SamplerConfig()
     n = env.num_envs
     gen = torch.Generator(device=actor.model.device)
-    records: list[dict[str, float | int]] = []
+    records: list[dict[str, Any]] = []
     for r in range(math.ceil(num_episodes / n)):
         round_seed, count = seed + r * n, min(n, num_episodes - r * n)
+        recorder = None
+        if r == 0 and videos > 0:
+            from vla_rl.envs.video import VideoRecorder
+
+            recorder = VideoRecorder(env, range(min(videos, count)), fps=video_fps, first_episode_only=True)
         ep = first_episodes(actor, env, seed=round_seed, count=count, sampler=sampler, execute=execute,
-                            generator=gen)
+                            generator=gen, recorder=recorder)
         for i in range(count):
-            records.append({"reset_seed": round_seed, "env_index": i, **{k: float(ep[k][i]) for k in EPISODE_METRICS}})
+            rec: dict[str, Any] = {"reset_seed": round_seed, "env_index": i, "episode_seed": round_seed + i,
+                                   **{k: float(ep[k][i]) for k in EPISODE_METRICS}}
+            if recorder is not None and i in recorder.frames:
+                rec["frames"] = recorder.frames[i]
+            records.append(rec)
+        if progress is not None:
+            progress(len(records), num_episodes)
     return records
 
 
@@ -107,6 +130,12 @@ class EvalConfig:
     # A JSON file for the per-episode results (seed, env index, success, return, length) and the summary:
     # `vla-rl compare` pairs two such files episode by episode.
     out: str | None = None
+    # Videos of the first `videos` episodes (one frame per chunk; camera images, or a rendering for state-only
+    # envs), named by episode seed and outcome, into `video_dir` (default: beside `out`, else runs/eval_videos).
+    videos: int = 0
+    video_dir: str | None = None
+    video_format: Literal["mp4", "gif"] = "mp4"
+    progress: bool = True
 
 
 def open_checkpoint(path: str | Path, *, env_config, num_envs: int, device: torch.device,
@@ -152,12 +181,26 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None) -> dict
     env_cfg = checkpoint_env_config(path, cfg.env)
     actor, env = open_checkpoint(path, env_config=env_cfg, num_envs=num_envs, device=torch.device(cfg.device),
                                  seed=cfg.seed)
+    def progress(done: int, total: int) -> None:
+        if cfg.progress and total > num_envs:
+            print(f"  {done}/{total} episodes", flush=True)
+
     try:
         sampler = SamplerConfig(cfg.num_steps, cfg.method, noise_level=cfg.noise_level, sde_mode=cfg.sde_mode)
         records = evaluate_episodes(actor, env, num_episodes=cfg.episodes, sampler=sampler, execute=cfg.execute,
-                                    seed=cfg.seed)
+                                    seed=cfg.seed, videos=cfg.videos, progress=progress)
     finally:
         env.close()
+    if cfg.videos:
+        from vla_rl.envs.video import record_video
+
+        video_dir = Path(cfg.video_dir or (Path(cfg.out).with_suffix("") if cfg.out else "runs/eval_videos"))
+        for r in records:
+            frames = r.pop("frames", None)
+            if frames:
+                tag = "success" if r["success_once"] else "failure"
+                r["video"] = str(record_video(frames, video_dir / f"ep{r['episode_seed']}_{tag}.{cfg.video_format}",
+                                              fps=4))
     metrics = summarize(records)
     if cfg.out:
         write_episode_file(cfg.out, checkpoint=str(path), config=asdict(cfg) | {"num_envs": num_envs},

@@ -46,6 +46,10 @@ class Actor:
         if env_state_dim > cfg.state_dim or env_action_dim > cfg.action_dim:
             raise ValueError(f"env has state/action dims {env_state_dim}/{env_action_dim}, more than the "
                              f"model's {cfg.state_dim}/{cfg.action_dim}")
+        stats = (norm.state.mean.shape[0], norm.action.mean.shape[0])
+        if stats != (env_state_dim, env_action_dim):
+            raise ValueError(f"the policy's normalisation statistics are for state/action dims {stats[0]}/{stats[1]}, "
+                             f"the env has {env_state_dim}/{env_action_dim} (a policy made for another task?)")
         self.model, self.norm = model, norm
         self.env_state_dim, self.env_action_dim = env_state_dim, env_action_dim
         self.action_low, self.action_high = action_low, action_high

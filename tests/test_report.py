@@ -1,0 +1,75 @@
+"""`vla-rl report`: reading metrics files, the run summary against hand-computed values, the figures."""
+
+import json
+
+import pytest
+
+from vla_rl.cli import main as cli_main
+from vla_rl.eval.report import ReportError, Run, read_metrics, summarize_run, summary_table, write_report
+
+
+def _write_run(path, evals, *, iteration_s=10.0, steps_per_iter=1000, torn=False):
+    """A run folder whose evaluations read ``evals`` at iterations 0, 1, 2, ... (one per iteration)."""
+    path.mkdir(parents=True)
+    lines = []
+    for it, s in enumerate(evals):
+        rec = {"iteration": it, "time/env_steps": it * steps_per_iter, "eval/success_once": s}
+        if it:
+            rec.update({"time/iteration_s": iteration_s, "losses/approx_kl": 0.01 * it, "losses/clipfrac": 0.1,
+                        "losses/value": 1.0 / it, "losses/explained_variance": 0.5,
+                        "rollout/success_once": s})
+        lines.append(json.dumps(rec))
+    text = "\n".join(lines) + "\n"
+    if torn:
+        text += '{"iteration": 99, "time/env'
+    (path / "metrics.jsonl").write_text(text)
+    return path
+
+
+def test_summary_of_a_hand_made_run(tmp_path):
+    run = Run.load(_write_run(tmp_path / "a", [0.5, 0.7, 0.92, 0.95, 0.9]))
+    s = summarize_run(run)
+    assert (s.evaluations, s.first, s.final, s.best) == (5, 0.5, 0.9, 0.95)
+    assert (s.best_iteration, s.best_steps, s.best_seconds) == (3, 3000.0, 30.0)
+    # 90 % is first reached at iteration 2: 2000 steps, two timed iterations of 10 s
+    assert (s.target_iteration, s.target_steps, s.target_seconds) == (2, 2000.0, 20.0)
+    never = summarize_run(Run.load(_write_run(tmp_path / "b", [0.1, 0.3, 0.3])))
+    assert never.target_iteration is None and never.best == 0.3 and never.best_iteration == 1  # first of ties
+    table = summary_table([s, never])
+    assert "| a | 5 | 0.500 | 0.900 | 0.950 | 3 / 3k / 0.5 min | 2 / 2k / 0.3 min |" in table
+    assert "not reached" in table
+
+
+def test_torn_last_line_is_skipped_but_a_broken_middle_line_is_an_error(tmp_path):
+    run_dir = _write_run(tmp_path / "torn", [0.2, 0.4], torn=True)
+    assert [r["iteration"] for r in read_metrics(run_dir / "metrics.jsonl")] == [0, 1]
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "metrics.jsonl").write_text('{"iteration": 0}\nnot json\n{"iteration": 1}\n')
+    with pytest.raises(ReportError, match="metrics.jsonl:2"):
+        read_metrics(bad / "metrics.jsonl")
+    with pytest.raises(ReportError, match="no metrics file"):
+        Run.load(tmp_path / "nowhere")
+
+
+def test_report_writes_figures_and_markdown(tmp_path):
+    a = _write_run(tmp_path / "runs" / "seed0", [0.5, 0.8, 0.9])
+    b = _write_run(tmp_path / "other" / "seed0", [0.4, 0.6, 0.7])
+    with pytest.raises(ReportError, match="both named"):
+        write_report([a, b], tmp_path / "r0")
+    path, _ = write_report([a, b], tmp_path / "r1", names=["noise", "sde"])
+    text = path.read_text()
+    assert "| noise | 3 |" in text and "| sde | 3 |" in text
+    for png in ("success_vs_steps.png", "success_vs_time.png", "diagnostics.png"):
+        data = (tmp_path / "r1" / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+        assert f"]({png})" in text
+
+
+def test_report_cli(tmp_path, capsys):
+    a = _write_run(tmp_path / "a", [0.5, 0.95])
+    assert cli_main(["report", str(a), "--out", str(tmp_path / "rep")]) == 0
+    out = capsys.readouterr().out
+    assert "| a | 2 | 0.500 | 0.950 |" in out and (tmp_path / "rep" / "report.md").is_file()
+    assert cli_main(["report", str(tmp_path / "missing"), "--out", str(tmp_path / "rep2")]) == 2
+    assert "no metrics file" in capsys.readouterr().err

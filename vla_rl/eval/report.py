@@ -1,0 +1,211 @@
+"""Learning curves and a summary of training runs (``vla-rl report RUN_DIR [RUN_DIR ...]``).
+
+A run folder's ``metrics.jsonl`` holds one line per iteration (plus the evaluation before RL at
+iteration 0). This module reads it, takes the evaluation curve (success vs environment steps and vs wall
+time) and the training diagnostics, draws them with matplotlib (several runs on one figure, each named),
+and summarises each run: final and best evaluation success, and the steps and time to the best and to 90 %.
+
+Wall time is the sum of the iterations' ``time/iteration_s`` up to that line (the evaluation before RL is
+not timed), so a resumed run's curve has no gap for the time it was stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+SUCCESS = "eval/success_once"
+DIAGNOSTICS = (  # (metric, title) of the diagnostics figure, in panel order
+    ("rollout/success_once", "rollout success"),
+    ("losses/approx_kl", "approx. KL"),
+    ("losses/clipfrac", "clip fraction"),
+    ("losses/value", "value loss"),
+    ("losses/explained_variance", "explained variance"),
+    ("losses/entropy", "entropy"),
+)
+TARGET = 0.9
+
+
+class ReportError(ValueError):
+    """A run folder that cannot be reported (missing or unreadable metrics)."""
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """The records of a ``metrics.jsonl`` file. A torn last line (a run killed mid-write) is skipped; a
+    malformed line anywhere else is an error naming the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise ReportError(f"no metrics file at {path}")
+    lines = path.read_text().splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break
+            raise ReportError(f"{path}:{i + 1}: not a JSON line") from None
+        if not isinstance(rec, dict) or "iteration" not in rec:
+            raise ReportError(f"{path}:{i + 1}: a metrics record needs an 'iteration'")
+        out.append(rec)
+    return out
+
+
+@dataclass
+class Run:
+    """One run folder's metrics, with the cumulative env steps and wall time of each record."""
+
+    name: str
+    records: list[dict]
+
+    @staticmethod
+    def load(path: str | Path, name: str | None = None) -> Run:
+        path = Path(path)
+        return Run(name or path.name, read_metrics(path / "metrics.jsonl"))
+
+    def series(self, key: str) -> tuple[list[float], list[float], list[float]]:
+        """(env steps, wall seconds, value) of every record that has a finite ``key``."""
+        steps, secs, vals, wall = [], [], [], 0.0
+        for rec in self.records:
+            wall += float(rec.get("time/iteration_s", 0.0) or 0.0)
+            v = rec.get(key)
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                steps.append(float(rec.get("time/env_steps", 0)))
+                secs.append(wall)
+                vals.append(float(v))
+        return steps, secs, vals
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """Evaluation success of a run: first, final and best, and where the best and the 90 % mark were reached
+    (env steps, wall seconds, iteration; None when never reached)."""
+
+    name: str
+    evaluations: int
+    first: float | None
+    final: float | None
+    best: float | None
+    best_iteration: int | None
+    best_steps: float | None
+    best_seconds: float | None
+    target_iteration: int | None
+    target_steps: float | None
+    target_seconds: float | None
+
+
+def summarize_run(run: Run, target: float = TARGET) -> RunSummary:
+    steps, secs, vals = run.series(SUCCESS)
+    iters = [int(r["iteration"]) for r in run.records if isinstance(r.get(SUCCESS), (int, float))
+             and math.isfinite(r[SUCCESS])]
+    if not vals:
+        return RunSummary(run.name, 0, None, None, None, None, None, None, None, None, None)
+    b = max(range(len(vals)), key=lambda i: (vals[i], -i))   # the first evaluation at the best value
+    t = next((i for i, v in enumerate(vals) if v >= target), None)
+    pick = lambda xs, i: None if i is None else xs[i]  # noqa: E731
+    return RunSummary(run.name, len(vals), vals[0], vals[-1], vals[b], iters[b], steps[b], secs[b],
+                      pick(iters, t), pick(steps, t), pick(secs, t))
+
+
+def _fmt(x, kind: str = "rate") -> str:
+    if x is None:
+        return "—"
+    if kind == "rate":
+        return f"{x:.3f}"
+    if kind == "steps":
+        return f"{x / 1e3:.0f}k" if x < 1e6 else f"{x / 1e6:.2f}M"
+    if kind == "time":
+        return f"{x / 60:.1f} min"
+    return str(x)
+
+
+def summary_table(summaries: list[RunSummary], target: float = TARGET) -> str:
+    """A markdown table of :func:`summarize_run` results."""
+    pct = f"{round(100 * target)} %"
+    head = (f"| run | evals | first | final | best | best at (iter / steps / time) | {pct} at (iter / steps / time) |\n"
+            "|---|---|---|---|---|---|---|\n")
+    rows = []
+    for s in summaries:
+        at_best = f"{_fmt(s.best_iteration, 'int')} / {_fmt(s.best_steps, 'steps')} / {_fmt(s.best_seconds, 'time')}"
+        at_t = ("not reached" if s.target_iteration is None else
+                f"{s.target_iteration} / {_fmt(s.target_steps, 'steps')} / {_fmt(s.target_seconds, 'time')}")
+        rows.append(f"| {s.name} | {s.evaluations} | {_fmt(s.first)} | {_fmt(s.final)} | {_fmt(s.best)} | "
+                    f"{at_best} | {at_t} |")
+    return head + "\n".join(rows) + "\n"
+
+
+def plot_runs(runs: list[Run], out_dir: str | Path) -> list[Path]:
+    """Write ``success_vs_steps.png``, ``success_vs_time.png`` and ``diagnostics.png`` into ``out_dir``;
+    returns their paths. Every run is one line, labelled with its name."""
+    import matplotlib
+
+    matplotlib.use("Agg")   # files only: no display is needed (or available on a server)
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for fname, axis, xlabel in (("success_vs_steps.png", 0, "environment steps"),
+                                ("success_vs_time.png", 1, "wall time (min)")):
+        fig, ax = plt.subplots(figsize=(6.4, 4.0))
+        for run in runs:
+            xs = run.series(SUCCESS)[axis]
+            ys = run.series(SUCCESS)[2]
+            if axis == 1:
+                xs = [x / 60 for x in xs]
+            ax.plot(xs, ys, marker="o", markersize=3, label=run.name)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("evaluation success")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / fname, dpi=120)
+        plt.close(fig)
+        paths.append(out / fname)
+    fig, axes = plt.subplots(2, 3, figsize=(12, 6.4))
+    for ax, (key, title) in zip(axes.flat, DIAGNOSTICS):
+        shown = False
+        for run in runs:
+            steps, _, vals = run.series(key)
+            if key == "losses/entropy" and not vals:   # runs without an entropy bonus log the noise std
+                steps, _, vals = run.series("rollout/entropy")
+            if vals:
+                ax.plot(steps, vals, label=run.name, linewidth=1)
+                shown = True
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("environment steps", fontsize=8)
+        ax.grid(alpha=0.3)
+        if not shown:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "diagnostics.png", dpi=110)
+    plt.close(fig)
+    paths.append(out / "diagnostics.png")
+    return paths
+
+
+def write_report(run_dirs: list[str | Path], out_dir: str | Path, *, names: list[str] | None = None,
+                 target: float = TARGET) -> tuple[Path, str]:
+    """Plot ``run_dirs`` and write ``report.md`` (the summary table and the figures) into ``out_dir``;
+    returns its path and the summary table."""
+    if not run_dirs:
+        raise ReportError("give at least one run folder")
+    if names is not None and len(names) != len(run_dirs):
+        raise ReportError(f"{len(names)} names for {len(run_dirs)} runs")
+    runs = [Run.load(d, None if names is None else names[i]) for i, d in enumerate(run_dirs)]
+    dup = sorted({r.name for r in runs if sum(q.name == r.name for q in runs) > 1})
+    if dup:
+        raise ReportError(f"two runs are both named {dup}: name them with --names")
+    figures = plot_runs(runs, out_dir)
+    table = summary_table([summarize_run(r, target) for r in runs], target)
+    body = ["# Training report", "", "Runs: " + ", ".join(f"`{r.name}` ({d})" for r, d in zip(runs, run_dirs)), "",
+            table, *[f"![{p.stem}]({p.name})" for p in figures], ""]
+    path = Path(out_dir) / "report.md"
+    path.write_text("\n".join(body))
+    return path, table
