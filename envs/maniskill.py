@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..policies.ranges import check_ranges, ranged
 from .base import ChunkStep, EnvSpec, EpisodeTracker, check_action_chunk
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -92,24 +93,20 @@ class ManiSkillConfig:
     obs_mode: Literal["state", "rgb", "rgb+state"] = "state"
     reward: Literal["sparse", "dense", "dense_cost"] = "sparse"  # dense = ManiSkill's "normalized_dense";
     # dense_cost = normalized_dense - 1 (see REWARD_OFFSET)
-    image_size: int = 64                               # camera images are S x S
-    max_episode_steps: int | None = None               # None: the task's registered limit
+    image_size: int = ranged(64, 1)                    # camera images are S x S
+    max_episode_steps: int | None = ranged(None, 1)    # None: the task's registered limit
     instruction: str | None = None                     # None: default_instruction(task)
     sim_backend: Literal["auto", "cpu", "gpu"] = "auto"  # auto: gpu on a cuda device, else cpu
-    render_size: int = 256                             # render_frame() size (videos)
+    render_size: int = ranged(256, 1)                  # render_frame() size (videos)
 
     def __post_init__(self):
+        check_ranges(self)
         if self.obs_mode not in OBS_MODES:
             raise ValueError(f"obs_mode must be one of {OBS_MODES}, got {self.obs_mode!r}")
         if self.reward not in REWARDS:
             raise ValueError(f"reward must be one of {tuple(REWARDS)}, got {self.reward!r}")
         if self.sim_backend not in SIM_BACKENDS:
             raise ValueError(f"sim_backend must be one of {SIM_BACKENDS}, got {self.sim_backend!r}")
-        if self.image_size < 1 or self.render_size < 1:
-            raise ValueError(f"image_size and render_size must be >= 1, got {self.image_size}, "
-                             f"{self.render_size}")
-        if self.max_episode_steps is not None and self.max_episode_steps < 1:
-            raise ValueError(f"max_episode_steps must be >= 1 or None, got {self.max_episode_steps}")
 
     @property
     def task_instruction(self) -> str:

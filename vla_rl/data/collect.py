@@ -8,7 +8,7 @@ from typing import Literal
 
 import torch
 
-from vla_rl.config import ConfigError, to_dict
+from vla_rl.config import ConfigError, check_ranges, nonneg, ranged, to_dict
 from vla_rl.data.dataset import DemoDataset
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
 
@@ -20,11 +20,11 @@ COLLECT_KINDS = ("builtin", "maniskill")
 class CollectConfig:
     """``vla-rl collect builtin OUT`` settings."""
 
-    episodes: int = 50
-    seed: int = 0
-    noise: float = 0.1      # Gaussian action noise of the expert (demos then show some recoveries)
-    num_envs: int = 16
-    fps: int | None = None  # LeRobot timestamps; None: 10 builtin (no real clock), 20 ManiSkill (control rate)
+    episodes: int = ranged(50, 1)
+    seed: int = nonneg(0)
+    noise: float = nonneg(0.1)       # Gaussian action noise of the expert (demos then show some recoveries)
+    num_envs: int = ranged(16, 1)
+    fps: int | None = ranged(None, 1)  # LeRobot timestamps; None: 10 builtin (no clock), 20 ManiSkill (control rate)
     env: ColorReachConfig = field(default_factory=ColorReachConfig)
     # camera images as MP4 files (AV1, lossy, LeRobot's default for recorded data) instead of PNG in the parquet
     video: bool = False
@@ -33,8 +33,15 @@ class CollectConfig:
     task: str = "PushCube-v1"
     control_mode: str = "pd_ee_delta_pose"
     obs_mode: Literal["state", "rgb"] = "state"   # rgb: camera images (image_size px) + proprioception
-    image_size: int = 64
-    max_episode_steps: int | None = None
+    image_size: int = ranged(64, 1)
+    max_episode_steps: int | None = ranged(None, 1)
+    # ManiSkill: motion plans tried at most (seeds seed, seed + 1, ...) to get `episodes` good demos; a plan
+    # that fails, or whose conversion to control_mode fails or is corrupt, is dropped and reported.
+    # None: 3 x episodes + 10.
+    max_tries: int | None = ranged(None, 1)
+
+    def __post_init__(self):
+        check_ranges(self)
 
 
 def collect_builtin_demos(num_episodes: int, *, seed: int = 0, noise: float = 0.1, num_envs: int = 16,
@@ -83,8 +90,6 @@ def collect_dataset(kind: str, out: str | Path, cfg: CollectConfig) -> Path:
 
     if kind not in COLLECT_KINDS:
         raise ConfigError(f"unknown collect kind {kind!r}; supported: {list(COLLECT_KINDS)}")
-    if cfg.episodes < 1 or cfg.num_envs < 1 or (cfg.fps is not None and cfg.fps < 1):
-        raise ConfigError("episodes, num_envs and fps must be >= 1")
     if kind == "maniskill":
         from vla_rl.data.maniskill_demos import PLANNED_TASKS, collect_maniskill
 

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import torch
 
+from vla_rl.config import check_ranges, nonneg, positive, ranged
 from vla_rl.env_factory import EnvConfig, env_identity, make_env
 from vla_rl.rl.actor import Actor, SamplerConfig
 
@@ -91,22 +92,25 @@ def evaluate(actor: Actor, env, *, num_episodes: int, sampler: SamplerConfig | N
 class EvalConfig:
     """``vla-rl eval`` settings; the env comes from the checkpoint unless ``env`` overrides fields."""
 
-    episodes: int = 100
-    seed: int = 10_000
-    num_steps: int = 4
-    execute: int = 8
-    num_envs: int = 100
+    episodes: int = ranged(100, 1)
+    seed: int = nonneg(10_000)
+    num_steps: int = ranged(4, 1)
+    execute: int = ranged(8, 1)
+    num_envs: int = ranged(100, 1)
     device: str = "cpu"
     env: dict[str, Any] = field(default_factory=dict)  # fields of the checkpoint's env config to override
     # The sampler: "ode" (deterministic given the initial noise; the default, as in training's evaluation
     # by default) or the stochastic policy RL trained: method=sde (with noise_level, sde_mode) or method=noise.
     # An RL update can improve the stochastic policy before its ODE counterpart (RESULTS.md, PickCube).
     method: Literal["ode", "sde", "noise"] = "ode"
-    noise_level: float = SamplerConfig.noise_level
+    noise_level: float = positive(SamplerConfig.noise_level)
     sde_mode: Literal["all", "mixed"] = SamplerConfig.sde_mode
     # A JSON file for the per-episode results (seed, env index, success, return, length) and the summary:
     # `vla-rl compare` pairs two such files episode by episode.
     out: str | None = None
+
+    def __post_init__(self):
+        check_ranges(self)
 
 
 def open_checkpoint(path: str | Path, *, env_config, num_envs: int, device: torch.device,

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import torch
 
 from vla_rl.checkpoint import CheckpointError
-from vla_rl.config import ConfigError, from_dict, to_dict
+from vla_rl.config import ConfigError, check_ranges, from_dict, nonneg, ranged, to_dict
 from vla_rl.env_factory import EnvConfig
 from vla_rl.envs.libero import ACTION_DIM, STATE_DIM, SUITE_MAX_STEPS, LiberoConfig, LiberoProtocolResult
 from vla_rl.rl.actor import Actor, SamplerConfig
@@ -38,28 +38,25 @@ class LiberoEvalConfig:
 
     suites: list[str] = field(default_factory=lambda: list(OFFICIAL_SUITES))
     task_ids: list[int] | None = None      # None: every task of each suite (official)
-    init_states: int = 50                  # first N fixed init states per task (50: official)
-    num_envs: int = 1                      # envs stepped in lock-step (one process, one after another)
-    execute: int | None = None             # actions run per chunk; None: the whole chunk
-    num_steps: int = 4                     # ODE denoising steps
-    seed: int = 0                          # seeds the sampler's initial noise
+    init_states: int = ranged(50, 1)       # first N fixed init states per task (50: official)
+    num_envs: int = ranged(1, 1)           # envs stepped in lock-step (one process, one after another)
+    execute: int | None = ranged(None, 1)  # actions run per chunk; None: the whole chunk
+    num_steps: int = ranged(4, 1)          # ODE denoising steps
+    seed: int = nonneg(0)                  # seeds the sampler's initial noise
     device: str = "cpu"
     out: str = "runs/eval_libero"
-    videos_per_task: int = 1               # videos of the first N init states of each task; 0: none
+    videos_per_task: int = nonneg(1)       # videos of the first N init states of each task; 0: none
     video_format: Literal["mp4", "gif"] = "mp4"
     progress: bool = True
     env: dict[str, Any] = field(default_factory=dict)  # LiberoConfig fields (image_orientation, ...)
 
     def __post_init__(self):
+        check_ranges(self)
         if isinstance(self.suites, str):
             object.__setattr__(self, "suites", [s for s in self.suites.split(",") if s])
         bad = [s for s in self.suites if s not in SUITE_MAX_STEPS]
         if bad or not self.suites:
             raise ConfigError(f"unknown LIBERO suite(s) {bad or self.suites}; valid: {', '.join(SUITE_MAX_STEPS)}")
-        if self.init_states < 1 or self.num_envs < 1 or self.num_steps < 1 or self.videos_per_task < 0:
-            raise ConfigError("init_states, num_envs and num_steps must be >= 1, videos_per_task >= 0")
-        if self.execute is not None and self.execute < 1:
-            raise ConfigError(f"execute must be >= 1 or null, got {self.execute}")
         if self.task_ids is not None and (not self.task_ids or min(self.task_ids) < 0):
             raise ConfigError(f"task_ids must be null or a non-empty list of ids >= 0, got {self.task_ids}")
         for key in ("suite", "task_ids", "init_state_ids"):

@@ -31,7 +31,7 @@ from vla_rl.checkpoint import (
     read_yaml_file,
     write_atomic_folder,
 )
-from vla_rl.config import ConfigError, from_dict, to_dict
+from vla_rl.config import ConfigError, check_ranges, from_dict, nonneg, ranged, to_dict
 from vla_rl.env_factory import EnvConfig, make_env
 from vla_rl.eval.evaluate import evaluate
 from vla_rl.policies.config import policy_preset
@@ -51,28 +51,30 @@ class TrainConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
     sampler: SamplerConfig = field(default_factory=lambda: SamplerConfig(num_steps=4, method="noise"))
     ppo: PPOConfig = field(default_factory=PPOConfig)
-    rollout_chunks: int = 4              # T chunk steps per env per iteration
-    execute: int = 8                     # E actions executed of each H-action chunk
-    iterations: int = 20
-    eval_every: int = 5
-    eval_episodes: int = 100
-    eval_seed: int = 10_000
+    rollout_chunks: int = ranged(4, 1)   # T chunk steps per env per iteration
+    execute: int = ranged(8, 1)          # E actions executed of each H-action chunk
+    iterations: int = nonneg(20)
+    eval_every: int = ranged(5, 1)
+    eval_episodes: int = ranged(100, 1)
+    eval_seed: int = nonneg(10_000)
     # "ode": the deterministic sampler a deployed policy uses. "train": the rollout sampler (sampler.method,
     # its noise level and sde_mode), i.e. the stochastic policy PPO optimises; RL can lift that one first.
     eval_method: Literal["ode", "train"] = "ode"
     keep_best: bool = True               # also keep checkpoints/best: the policy of the best evaluation so far
-    seed: int = 0
+    seed: int = nonneg(0)
     device: str = "cpu"
     bf16: bool = False
     out: str = "runs/train"
-    save_every: int = 5
-    keep_last: int = 2
+    save_every: int = ranged(5, 1)
+    keep_last: int = ranged(2, 1)        # newest resume checkpoints kept (checkpoints/best is extra)
+    # Stop the run (an error, exit 2 from the CLI) when this many iterations in a row had every update step
+    # skipped as non-finite: the weights no longer change, so the run would only burn time.
+    max_skipped_iterations: int = ranged(3, 1)
     tensorboard: bool = True
     progress: bool = True
 
     def __post_init__(self):
-        if self.execute < 1 or self.rollout_chunks < 1 or self.iterations < 0:
-            raise ConfigError("execute and rollout_chunks must be >= 1, iterations >= 0")
+        check_ranges(self)
         if self.eval_method not in ("ode", "train"):
             raise ConfigError(f"eval_method must be 'ode' or 'train', got {self.eval_method!r}")
 
