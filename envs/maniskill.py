@@ -117,6 +117,10 @@ class ManiSkillConfig:
         return self.obs_mode != "state"
 
 
+class ManiSkillUnavailable(RuntimeError):
+    """ManiSkill, its Vulkan driver or its GPU physics library cannot be used on this machine."""
+
+
 # ----------------------------------------------------------------------------------------------------
 def ensure_vulkan(lavapipe: bool = True) -> None:
     """Import ManiSkill with a working Vulkan driver selected.
@@ -130,7 +134,7 @@ def ensure_vulkan(lavapipe: bool = True) -> None:
         import mani_skill.envs  # noqa: F401  (registers the tasks with gymnasium)
         import sapien  # noqa: F401
     except ImportError as e:
-        raise RuntimeError(f"ManiSkill3 is not installed ({e}); {SETUP_HINT}") from e
+        raise ManiSkillUnavailable(f"ManiSkill3 is not installed ({e}); {SETUP_HINT}") from e
 
 
 def enable_physx_gpu() -> None:
@@ -147,7 +151,7 @@ def enable_physx_gpu() -> None:
     except Exception as e:
         version = physx.version()
         where = Path.home() / ".sapien" / "physx" / version
-        raise RuntimeError(
+        raise ManiSkillUnavailable(
             f"ManiSkill's GPU simulation needs SAPIEN's PhysX GPU library libPhysXGpu_64.so (PhysX {version}), "
             f"which SAPIEN downloads from GitHub on first use, and that failed ({type(e).__name__}: {e}). "
             f"On a machine with internet access, download https://github.com/sapien-sim/physx-precompiled/"
@@ -208,7 +212,7 @@ def _make(cfg: ManiSkillConfig, num_envs: int, gpu: bool):
         return gym.make(cfg.task, **kwargs)
     except Exception as e:
         if _vulkan_error(e):
-            raise RuntimeError(f"ManiSkill could not start Vulkan ({e}); "
+            raise ManiSkillUnavailable(f"ManiSkill could not start Vulkan ({e}); "
                                f"VK_ICD_FILENAMES={os.environ.get('VK_ICD_FILENAMES')!r}; {SETUP_HINT}") from e
         raise
 
@@ -451,11 +455,11 @@ class ManiSkillGPUEnv:
 
 # ----------------------------------------------------------------------------------------------------
 def make_maniskill_env(cfg: ManiSkillConfig, num_envs: int, device="cpu", seed: int = 0,
-                       envs_per_worker: int | None = None):
+                       envs_per_worker: int | None = None, max_restarts: int = 0, log=None):
     """``num_envs`` envs of ``cfg.task``: on a cuda device (or ``sim_backend="gpu"``) one
     :class:`ManiSkillGPUEnv`, else a :class:`envs.workers.WorkerVectorEnv` of CPU single envs
     (``envs_per_worker`` per process, None: one process per CPU core; their observations are CPU
-    tensors)."""
+    tensors; ``max_restarts`` / ``log``: see the worker pool)."""
     device = torch.device(device)
     backend = cfg.sim_backend
     if backend == "auto":
@@ -472,5 +476,5 @@ def make_maniskill_env(cfg: ManiSkillConfig, num_envs: int, device="cpu", seed: 
     from .workers import WorkerVectorEnv
 
     return WorkerVectorEnv(functools.partial(ManiSkillSingleEnv, cfg), num_envs, seed=seed,
-                           envs_per_worker=envs_per_worker,
+                           envs_per_worker=envs_per_worker, max_restarts=max_restarts, log=log,
                            name=f"maniskill-{_base_name(cfg.task)}")

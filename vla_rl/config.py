@@ -151,6 +151,25 @@ def to_dict(cfg: Any) -> dict:
     return plain(cfg)
 
 
+def resolve_device(name: str):
+    """``torch.device(name)``, checked: a malformed name, or a CUDA device on a machine without one (or
+    without that index), is a :class:`ConfigError` (``device=cpu`` runs anywhere)."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError(f"device = {name!r} is not a torch device ({e}); use cpu, cuda or cuda:<index>") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device = {name!r} but CUDA is not available on this machine; use device=cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"device = {name!r} but this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif device.type not in ("cpu", "mps"):
+        raise ConfigError(f"device = {name!r}: vla-rl runs on cpu or cuda")
+    return device
+
+
 def merge(base: dict, override: dict) -> dict:
     """Deep merge: mappings merge key by key, anything else replaces."""
     out = dict(base)

@@ -49,9 +49,13 @@ class DemoConfig:
         check_ranges(self)
 
 
-def run_demo(cfg: DemoConfig, *, progress: bool = True) -> dict:
+def run_demo(cfg: DemoConfig, *, progress: bool = True, overwrite: bool = False) -> dict:
+    from vla_rl.outputs import check_output, clear_output
     from vla_rl.rl.trainer import TrainConfig, Trainer
 
+    check_output(cfg.out, overwrite=overwrite, what="demo folder")
+    if overwrite:
+        clear_output(cfg.out)
     torch.manual_seed(cfg.seed)
     t0 = time.time()
     data = collect_builtin_demos(cfg.demos, seed=cfg.seed, config=cfg.env)

@@ -149,9 +149,10 @@ def first_episodes(data: DemoDataset, n: int) -> DemoDataset:
                        task_index=remap[data.task_index[mask]], tasks=[data.tasks[t] for t in used])
 
 
-def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True) -> dict:
+def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True, overwrite: bool = False) -> dict:
     """Train a policy on a demo dataset, save it to ``cfg.out`` (weights + normalisation stats of the data +
-    the env it came from), and evaluate it with the ODE sampler when the dataset names its env.
+    the env it came from), and evaluate it with the ODE sampler when the dataset names its env. A ``cfg.out``
+    that holds anything is refused before any work unless ``overwrite`` (then replaced atomically at the save).
 
     The model preset's camera count and state / action sizes follow the data unless ``cfg.policy`` sets
     them (sizes only grow: a smaller env vector is zero-padded into the model's)."""
@@ -159,18 +160,26 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True) ->
     from vla_rl.config import ConfigError, from_dict, to_dict
     from vla_rl.env_factory import EnvConfig, make_env
     from vla_rl.eval.evaluate import evaluate
+    from vla_rl.outputs import check_output
     from vla_rl.policies.config import policy_preset
     from vla_rl.policies.model import FlowPolicy, count_parameters
     from vla_rl.policies.normalize import NormStats, Stats, parse_dims
 
+    check_output(cfg.out, overwrite=overwrite, what="policy folder")
     torch.manual_seed(cfg.seed)
     data, env_dict = load_demos(dataset, cfg.max_episodes)  # reads (and decodes videos of) those episodes only
+    if len(data) == 0:
+        from vla_rl.data.lerobot import LeRobotDatasetError
+
+        raise LeRobotDatasetError(f"{dataset} holds no episodes: nothing to train on")
     if cfg.max_episodes is not None:
         data = first_episodes(data, cfg.max_episodes)
     if cfg.idle_threshold is not None:
         before = len(data)
         data = drop_idle_frames(data, cfg.idle_threshold)
         print(f"dropped {before - len(data)} idle frames of {before} (idle_threshold={cfg.idle_threshold})")
+        if len(data) == 0:
+            raise ConfigError(f"idle_threshold={cfg.idle_threshold} drops every frame of {dataset}; lower it")
     _, cams, h, w, _ = data.images.shape
     state_dim, action_dim = data.state.shape[1], data.action.shape[1]
     print(f"dataset {dataset}: {data.num_episodes} episodes, {len(data)} frames, {len(data.tasks)} tasks, "

@@ -79,17 +79,23 @@ def collect_builtin_demos(num_episodes: int, *, seed: int = 0, noise: float = 0.
     )
 
 
-def collect_dataset(kind: str, out: str | Path, cfg: CollectConfig) -> Path:
+def collect_dataset(kind: str, out: str | Path, cfg: CollectConfig, *, overwrite: bool = False) -> Path:
     """Collect ``cfg.episodes`` expert demos of ``kind`` and write them as a LeRobot v3.0 dataset at ``out``
     (``builtin``: the scripted expert; ``maniskill``: ManiSkill's motion planner for ``cfg.task``, converted
     to ``cfg.control_mode`` with state observations, see :mod:`vla_rl.data.maniskill_demos`).
 
     info.json records the env (``"vla_rl": {"env": ..., "env_config": ...}``) so ``vla-rl sft`` can
-    evaluate on the task the demos came from."""
+    evaluate on the task the demos came from. An ``out`` that holds anything is refused before any work
+    unless ``overwrite`` (then replaced atomically once the new dataset is complete)."""
     from vla_rl.data.lerobot import write_lerobot_dataset
+    from vla_rl.outputs import check_output
 
     if kind not in COLLECT_KINDS:
         raise ConfigError(f"unknown collect kind {kind!r}; supported: {list(COLLECT_KINDS)}")
+    check_output(out, overwrite=overwrite, what="dataset folder", elsewhere="another OUT folder")
+    if kind == "maniskill":   # ManiSkill's own files of an earlier collection into OUT live beside it
+        raw = Path(out).with_name(Path(out).name + ".maniskill")
+        check_output(raw, overwrite=overwrite, what="ManiSkill trajectory folder", elsewhere="another OUT folder")
     if kind == "maniskill":
         from vla_rl.data.maniskill_demos import PLANNED_TASKS, collect_maniskill
 
@@ -98,7 +104,7 @@ def collect_dataset(kind: str, out: str | Path, cfg: CollectConfig) -> Path:
                               f"{', '.join(PLANNED_TASKS)}")
         return collect_maniskill(out, task=cfg.task, episodes=cfg.episodes, seed=cfg.seed,
                                  control_mode=cfg.control_mode, obs_mode=cfg.obs_mode, image_size=cfg.image_size,
-                                 max_episode_steps=cfg.max_episode_steps,
+                                 max_episode_steps=cfg.max_episode_steps, max_tries=cfg.max_tries,
                                  fps=cfg.fps or 20, video=cfg.video, extra_info={"collect": to_dict(cfg)})
     data = collect_builtin_demos(cfg.episodes, seed=cfg.seed, noise=cfg.noise, num_envs=cfg.num_envs,
                                  config=cfg.env)

@@ -148,8 +148,13 @@ def recording_info(cfg: LiberoRecordConfig) -> dict:
     return {"vla_rl": {"env": "libero", "env_config": env_config, "policy": cfg.policy, "seed": cfg.seed}}
 
 
-def record_libero_dataset(path: str | Path, cfg: LiberoRecordConfig | None = None, *, progress: bool = True) -> Path:
-    """Record episodes with :func:`record_libero_episodes` and write them in the LIBERO layout."""
+def record_libero_dataset(path: str | Path, cfg: LiberoRecordConfig | None = None, *, progress: bool = True,
+                          overwrite: bool = False) -> Path:
+    """Record episodes with :func:`record_libero_episodes` and write them in the LIBERO layout (a ``path``
+    that holds anything is refused before any work unless ``overwrite``)."""
+    from vla_rl.outputs import check_output
+
+    check_output(path, overwrite=overwrite, what="dataset folder", elsewhere="another OUT folder")
     cfg = cfg or LiberoRecordConfig()
     data = record_libero_episodes(cfg, progress=progress)
     return write_libero_layout(path, data, fps=cfg.fps, extra_info=recording_info(cfg))

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import torch
 
-from vla_rl.config import check_ranges, nonneg, positive, ranged
+from vla_rl.config import check_ranges, nonneg, positive, ranged, resolve_device
 from vla_rl.env_factory import EnvConfig, env_identity, make_env
 from vla_rl.rl.actor import Actor, SamplerConfig
 
@@ -146,15 +146,34 @@ def checkpoint_env_config(path: str | Path, env_overrides: dict):
     return from_dict(EnvConfig, merge(env_dict, env_overrides), prefix="env")
 
 
-def evaluate_checkpoint(path: str | Path, overrides: dict | None = None) -> dict[str, float]:
-    """Evaluate a policy or training checkpoint folder (the ODE sampler unless ``method`` says otherwise);
-    with ``out`` set, also write the per-episode results there (:func:`write_episode_file`)."""
+def resolve_checkpoint(path: str | Path, log=print) -> Path:
+    """``path`` itself if it is a policy or training checkpoint folder; for a training run folder, its newest
+    intact checkpoint (said through ``log``)."""
+    from vla_rl.rl.state import checkpoint_dir, latest_checkpoint
+
+    path = Path(path)
+    if path.is_dir() and not (path / "model.safetensors").is_file() and checkpoint_dir(path).is_dir():
+        ckpt = latest_checkpoint(path, log=log)
+        log(f"{path} is a run folder: evaluating its newest checkpoint {ckpt}")
+        return ckpt
+    return path
+
+
+def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, *, overwrite: bool = False,
+                        log=print) -> dict[str, float]:
+    """Evaluate a policy or training checkpoint folder, or a run folder's newest checkpoint (the ODE sampler
+    unless ``method`` says otherwise); with ``out`` set, also write the per-episode results there
+    (:func:`write_episode_file`; an existing file is refused before any work unless ``overwrite``)."""
     from vla_rl.config import from_dict
+    from vla_rl.outputs import check_output
 
     cfg = from_dict(EvalConfig, dict(overrides or {}))
+    if cfg.out:
+        check_output(cfg.out, overwrite=overwrite, what="evaluation file")
+    path = resolve_checkpoint(path, log=log)
     num_envs = min(cfg.num_envs, cfg.episodes)
     env_cfg = checkpoint_env_config(path, cfg.env)
-    actor, env = open_checkpoint(path, env_config=env_cfg, num_envs=num_envs, device=torch.device(cfg.device),
+    actor, env = open_checkpoint(path, env_config=env_cfg, num_envs=num_envs, device=resolve_device(cfg.device),
                                  seed=cfg.seed)
     try:
         sampler = SamplerConfig(cfg.num_steps, cfg.method, noise_level=cfg.noise_level, sde_mode=cfg.sde_mode)

@@ -13,7 +13,6 @@ the model's image size.
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -129,15 +128,20 @@ def summarize(result: LiberoProtocolResult) -> dict:
     }
 
 
-def evaluate_libero_checkpoint(path: str | Path, cfg: LiberoEvalConfig) -> dict:
+def evaluate_libero_checkpoint(path: str | Path, cfg: LiberoEvalConfig, *, overwrite: bool = False) -> dict:
     """Run the LIBERO protocol for the policy folder ``path``; writes ``results.json``, ``results.md`` and
-    ``videos/`` into ``cfg.out`` (an earlier evaluation's results and videos there are replaced) and
-    returns the results (``summarize`` plus the settings and ``table``)."""
+    ``videos/`` into ``cfg.out`` and returns the results (``summarize`` plus the settings and ``table``).
+    A ``cfg.out`` that holds anything is refused before any work unless ``overwrite`` (then emptied when the
+    evaluation starts)."""
     from vla_rl.checkpoint import load_policy, read_yaml_file
+    from vla_rl.config import resolve_device
     from vla_rl.envs.libero import evaluate_libero_protocol
+    from vla_rl.eval.evaluate import resolve_checkpoint
+    from vla_rl.outputs import check_output, clear_output
 
-    path = Path(path)
-    model, norm, config = load_policy(path, device=cfg.device)
+    check_output(cfg.out, overwrite=overwrite, what="results folder")
+    path = resolve_checkpoint(path)
+    model, norm, config = load_policy(path, device=resolve_device(cfg.device))
     train_env = None
     if (path / "train_config.yaml").is_file():
         train_env = read_yaml_file(path / "train_config.yaml").get("env")
@@ -152,8 +156,8 @@ def evaluate_libero_checkpoint(path: str | Path, cfg: LiberoEvalConfig) -> dict:
 
     out = Path(cfg.out)
     videos = out / "videos"
-    if videos.is_dir() and (out / "results.json").is_file():
-        shutil.rmtree(videos)   # an earlier evaluation's videos would mix with this one's
+    if overwrite:
+        clear_output(out)   # an earlier evaluation's videos would mix with this one's
     out.mkdir(parents=True, exist_ok=True)
     result = evaluate_libero_protocol(
         act, suites=cfg.suites, task_ids=cfg.task_ids, num_init_states=cfg.init_states, num_envs=cfg.num_envs,

@@ -102,7 +102,8 @@ class Learner:
             {"params": critic, "lr": cfg.lr_critic, "name": "critic"},
         ], weight_decay=cfg.weight_decay)
         self.autocast = bf16 and model.device.type == "cuda"
-        self.skipped_steps = 0
+        self.skipped_steps = 0   # over the run (saved in checkpoints)
+        self.applied_steps = 0   # in the last update() (0 with samples: every step was skipped)
 
     def compute_advantages(self, ro: Rollout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Advantages, value targets and a mask of the samples that take part, all ``[T, N]``."""
@@ -114,7 +115,9 @@ class Learner:
         if cfg.algorithm == "grpo":
             adv, mask = grpo_chunk_advantages(ro, group_size=cfg.group_size, filter_degenerate=cfg.grpo_filter)
         elif cfg.normalize_advantages:
-            adv = adv_lib.normalize(adv)
+            adv = adv_lib.normalize(adv, ro.valid)
+        if ro.valid is not None:   # chunks of episodes lost to a dead env worker take no part
+            mask = mask & ro.valid
         return adv, ret, mask
 
     def update(self, ro: Rollout, *, iteration: int) -> dict[str, float]:
@@ -125,6 +128,7 @@ class Learner:
         flat = lambda x: x.reshape(t_len * n, *x.shape[2:])  # noqa: E731
         valid = flat(mask).nonzero(as_tuple=True)[0]
         total = valid.numel()
+        self.applied_steps = 0
         if total == 0:  # e.g. GRPO with every group all-success or all-failure: nothing to learn from
             return {"train/samples": 0.0, "train/skipped_steps": float(self.skipped_steps)}
         obs = {k: flat(v) for k, v in ro.obs.items()}
@@ -180,6 +184,7 @@ class Learner:
             if cfg.target_kl is not None and epoch_kl and sum(epoch_kl) / len(epoch_kl) > cfg.target_kl:
                 break  # KL early stop: the policy already moved far enough for this rollout
         model.eval()
+        self.applied_steps = count
         out = {k: v / max(count, 1) for k, v in sums.items()}
         out["losses/explained_variance"] = losses.explained_variance(flat(ro.values), ret)
         out["train/skipped_steps"] = float(self.skipped_steps)
