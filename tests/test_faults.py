@@ -623,7 +623,7 @@ def kill_at_random_points(sft, reference, tmp_path, points: int, seed: int) -> N
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=60)
         run_to_the_end(run, args)
-        assert stripped(read_jsonl(run / "metrics.jsonl")) == reference[0], f"kill point {k}"
+        assert stripped(read_jsonl(run / "metrics.jsonl")) == reference[0], f"kill point {k} of seed {seed}"
 
 
 def test_kill_at_a_random_moment_then_resume_gives_the_same_metrics(sft, reference, tmp_path):
@@ -850,3 +850,43 @@ def test_at_the_try_limit_the_good_episodes_are_written_and_the_shortfall_said(t
     assert "only 1 of 2 episodes are good after trying 2 seeds (max_tries=2)" in printed
     assert "wrote 1 maniskill expert episodes (of 2 asked for" in printed
     assert read_lerobot_info(out)["total_episodes"] == 1
+
+
+def worker_pids(pid: int) -> list[int]:
+    """The env worker processes among ``pid``'s children (spawned: ``spawn_main``; not the resource tracker)."""
+    out = []
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+        if b"spawn_main" in cmdline:
+            out.append(int(child))
+    return out
+
+
+@pytest.mark.slow   # ManiSkill workers on CPU: ~1-2 min
+@needs_maniskill
+def test_a_maniskill_run_survives_a_killed_worker_with_restart_dead_workers(tmp_path):
+    """`vla-rl train` on ManiSkill (2 worker processes) with env.restart_dead_workers=1; one worker is killed
+    with SIGKILL once the run is under way; the run finishes and says it restarted the worker."""
+    model = tmp_path / "state_policy.yaml"
+    model.write_text("num_cameras: 0\nstate_dim: 35\naction_dim: 7\ndepth: 1\n")
+    run = tmp_path / "run"
+    args = ["train", "builtin_flow_noise", "init=null", f"model={model}", f"out={run}", "env.kind=maniskill",
+            "env.num_envs=2", "env.envs_per_worker=1", "env.restart_dead_workers=1", "env.maniskill.task=PushCube-v1",
+            "env.maniskill.max_episode_steps=16", "rollout_chunks=2", "iterations=3", "eval_every=1",
+            "eval_episodes=2", "save_every=1", "tensorboard=false", "ppo.update_epochs=1", "ppo.minibatches=1",
+            "--no-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "vla_rl.cli", *args], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:   # wait until iteration 1 is logged
+        if (run / "metrics.jsonl").is_file() and len(read_jsonl(run / "metrics.jsonl")) >= 2:
+            break
+        time.sleep(0.5)
+    pids = worker_pids(proc.pid)
+    assert len(pids) == 2, pids
+    os.kill(pids[0], signal.SIGKILL)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    assert "restarting it (1 of at most 1)" in out and "Traceback" not in out
+    assert [m["iteration"] for m in read_jsonl(run / "metrics.jsonl")] == [0, 1, 2, 3]
