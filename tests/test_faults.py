@@ -142,7 +142,7 @@ def test_cli_refuses_bad_numbers_before_any_work(tmp_path, capsys):
     """The values that used to crash only after an iteration's work now stop the command at once: exit 2, one
     line naming the field, and no run folder."""
     for over in ["eval_every=0", "save_every=0", "ppo.minibatches=0", "eval_episodes=0", "sampler.num_steps=0",
-                 "keep_last=0", "ppo.clip=-0.1", "ppo.gamma=5", "ppo.lam=-1", "ppo.lr_actor=nan",
+                 "keep_last=0", "ppo.clip=-0.1", "ppo.gamma=5", "ppo.lam=-1", "ppo.lr_actor=nan", "ppo.lr_actor=1e30",
                  "ppo.lr_critic=.inf"]:
         out = tmp_path / over.replace("=", "_")
         assert cli_main(["train", "builtin_flow_noise", f"out={out}", over]) == 2, over

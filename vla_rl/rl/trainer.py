@@ -33,7 +33,7 @@ from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.metrics_log import MetricsLog, summary_line
 from vla_rl.rl.rollout import collect_rollout, first_episode_mask
-from vla_rl.rl.state import (  # noqa: F401  (CHECKPOINT_PREFIX, latest_checkpoint: this module's older API)
+from vla_rl.rl.state import (  # noqa: F401  (CHECKPOINT_PREFIX, latest_checkpoint: re-exported for callers)
     CHECKPOINT_PREFIX,
     latest_checkpoint,
     list_checkpoints,
