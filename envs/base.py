@@ -48,6 +48,8 @@ class ChunkStep:
     final_obs    observation at the end of the ended episodes (all N rows; meaningful where ``done``)
     episodes     per-episode metrics of the envs that ended in this chunk: dict of ``[M]`` tensors
                  (``success_once``, ``success_at_end``, ``return``, ``length``, ``env_index``)
+    lost         ``[N]`` bool or None: envs whose episode was lost in this chunk (their worker process died and
+                 was restarted); their obs is the first of a new episode, their chunk ran no step
     """
 
     obs: dict
@@ -58,6 +60,7 @@ class ChunkStep:
     steps: Tensor
     final_obs: dict | None
     episodes: dict[str, Tensor] = field(default_factory=dict)
+    lost: Tensor | None = None
 
     @property
     def done(self) -> Tensor:

@@ -40,6 +40,7 @@ from typing import Literal
 
 import numpy as np
 
+from ..policies.ranges import check_ranges, nonneg, ranged
 from .base import EnvSpec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -115,34 +116,28 @@ class LiberoConfig:
 
     suite: Suite = "libero_spatial"
     task_ids: list[int] | None = None        # tasks this env draws from; None: all tasks of the suite
-    image_size: int = 128                    # render size S of every camera
+    image_size: int = ranged(128, 1)         # render size S of every camera
     cameras: tuple[Camera, ...] = ("agentview", "wrist")   # () for state-only (much faster)
-    num_settle_steps: int = 10               # no-op steps after setting the init state (not counted)
-    max_episode_steps: int | None = None     # None: the suite's official limit (SUITE_MAX_STEPS)
+    num_settle_steps: int = nonneg(10)       # no-op steps after setting the init state (not counted)
+    max_episode_steps: int | None = ranged(None, 1)  # None: the suite's official limit (SUITE_MAX_STEPS)
     init_state_ids: list[int] | None = None  # fixed init states to draw from; None: all 50
     image_orientation: Literal["upright", "rot180"] = "upright"
     # Soft reset (sim.reset, ~0.4 s) instead of rebuilding the MuJoCo model (5-13 s). Checked to give
     # bit-identical episodes to a freshly built env once the gripper's action memory is cleared.
     soft_reset: bool = True
-    max_cached_envs: int = 10                # robosuite envs (one per task) kept open in this process
+    max_cached_envs: int = ranged(10, 1)     # robosuite envs (one per task) kept open in this process
     # "random": reset(seed) draws (task, init state) uniformly (training). "indexed": reset(seed) plays episode
     # number `seed` of the list [(t, i) for t in task_ids for i in init_state_ids] and reset(None) the next one,
     # so a batched evaluation whose env j resets with seed s + j covers the fixed protocol episodes in order.
     episode_order: Literal["random", "indexed"] = "random"
 
     def __post_init__(self):
+        check_ranges(self)
         if self.suite not in SUITE_MAX_STEPS:
             raise ValueError(f"unknown LIBERO suite {self.suite!r}; one of {list(SUITE_MAX_STEPS)}")
         bad = [c for c in self.cameras if c not in CAMERAS]
         if bad or len(set(self.cameras)) != len(self.cameras):
             raise ValueError(f"cameras must be distinct names from {list(CAMERAS)}, got {self.cameras}")
-        for name in ("image_size", "max_cached_envs"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_settle_steps < 0:
-            raise ValueError(f"num_settle_steps must be >= 0, got {self.num_settle_steps}")
-        if self.max_episode_steps is not None and self.max_episode_steps < 1:
-            raise ValueError(f"max_episode_steps must be >= 1, got {self.max_episode_steps}")
         for name in ("task_ids", "init_state_ids"):
             ids = getattr(self, name)
             if ids is not None and (not ids or any(i < 0 for i in ids)):

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..policies.ranges import check_ranges, ranged
 from .base import ChunkStep, EnvSpec, EpisodeTracker, check_action_chunk
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -92,24 +93,20 @@ class ManiSkillConfig:
     obs_mode: Literal["state", "rgb", "rgb+state"] = "state"
     reward: Literal["sparse", "dense", "dense_cost"] = "sparse"  # dense = ManiSkill's "normalized_dense";
     # dense_cost = normalized_dense - 1 (see REWARD_OFFSET)
-    image_size: int = 64                               # camera images are S x S
-    max_episode_steps: int | None = None               # None: the task's registered limit
+    image_size: int = ranged(64, 1)                    # camera images are S x S
+    max_episode_steps: int | None = ranged(None, 1)    # None: the task's registered limit
     instruction: str | None = None                     # None: default_instruction(task)
     sim_backend: Literal["auto", "cpu", "gpu"] = "auto"  # auto: gpu on a cuda device, else cpu
-    render_size: int = 256                             # render_frame() size (videos)
+    render_size: int = ranged(256, 1)                  # render_frame() size (videos)
 
     def __post_init__(self):
+        check_ranges(self)
         if self.obs_mode not in OBS_MODES:
             raise ValueError(f"obs_mode must be one of {OBS_MODES}, got {self.obs_mode!r}")
         if self.reward not in REWARDS:
             raise ValueError(f"reward must be one of {tuple(REWARDS)}, got {self.reward!r}")
         if self.sim_backend not in SIM_BACKENDS:
             raise ValueError(f"sim_backend must be one of {SIM_BACKENDS}, got {self.sim_backend!r}")
-        if self.image_size < 1 or self.render_size < 1:
-            raise ValueError(f"image_size and render_size must be >= 1, got {self.image_size}, "
-                             f"{self.render_size}")
-        if self.max_episode_steps is not None and self.max_episode_steps < 1:
-            raise ValueError(f"max_episode_steps must be >= 1 or None, got {self.max_episode_steps}")
 
     @property
     def task_instruction(self) -> str:
@@ -118,6 +115,10 @@ class ManiSkillConfig:
     @property
     def uses_cameras(self) -> bool:
         return self.obs_mode != "state"
+
+
+class ManiSkillUnavailable(RuntimeError):
+    """ManiSkill, its Vulkan driver or its GPU physics library cannot be used on this machine."""
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -133,7 +134,7 @@ def ensure_vulkan(lavapipe: bool = True) -> None:
         import mani_skill.envs  # noqa: F401  (registers the tasks with gymnasium)
         import sapien  # noqa: F401
     except ImportError as e:
-        raise RuntimeError(f"ManiSkill3 is not installed ({e}); {SETUP_HINT}") from e
+        raise ManiSkillUnavailable(f"ManiSkill3 is not installed ({e}); {SETUP_HINT}") from e
 
 
 def enable_physx_gpu() -> None:
@@ -150,7 +151,7 @@ def enable_physx_gpu() -> None:
     except Exception as e:
         version = physx.version()
         where = Path.home() / ".sapien" / "physx" / version
-        raise RuntimeError(
+        raise ManiSkillUnavailable(
             f"ManiSkill's GPU simulation needs SAPIEN's PhysX GPU library libPhysXGpu_64.so (PhysX {version}), "
             f"which SAPIEN downloads from GitHub on first use, and that failed ({type(e).__name__}: {e}). "
             f"On a machine with internet access, download https://github.com/sapien-sim/physx-precompiled/"
@@ -211,7 +212,7 @@ def _make(cfg: ManiSkillConfig, num_envs: int, gpu: bool):
         return gym.make(cfg.task, **kwargs)
     except Exception as e:
         if _vulkan_error(e):
-            raise RuntimeError(f"ManiSkill could not start Vulkan ({e}); "
+            raise ManiSkillUnavailable(f"ManiSkill could not start Vulkan ({e}); "
                                f"VK_ICD_FILENAMES={os.environ.get('VK_ICD_FILENAMES')!r}; {SETUP_HINT}") from e
         raise
 
@@ -454,11 +455,11 @@ class ManiSkillGPUEnv:
 
 # ----------------------------------------------------------------------------------------------------
 def make_maniskill_env(cfg: ManiSkillConfig, num_envs: int, device="cpu", seed: int = 0,
-                       envs_per_worker: int | None = None):
+                       envs_per_worker: int | None = None, max_restarts: int = 0, log=None):
     """``num_envs`` envs of ``cfg.task``: on a cuda device (or ``sim_backend="gpu"``) one
     :class:`ManiSkillGPUEnv`, else a :class:`envs.workers.WorkerVectorEnv` of CPU single envs
     (``envs_per_worker`` per process, None: one process per CPU core; their observations are CPU
-    tensors)."""
+    tensors; ``max_restarts`` / ``log``: see the worker pool)."""
     device = torch.device(device)
     backend = cfg.sim_backend
     if backend == "auto":
@@ -475,5 +476,5 @@ def make_maniskill_env(cfg: ManiSkillConfig, num_envs: int, device="cpu", seed: 
     from .workers import WorkerVectorEnv
 
     return WorkerVectorEnv(functools.partial(ManiSkillSingleEnv, cfg), num_envs, seed=seed,
-                           envs_per_worker=envs_per_worker,
+                           envs_per_worker=envs_per_worker, max_restarts=max_restarts, log=log,
                            name=f"maniskill-{_base_name(cfg.task)}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import replace
@@ -35,7 +36,8 @@ PARENT_CHECK_S = 2.0   # how often an idle worker checks that its parent is stil
 
 
 class WorkerError(RuntimeError):
-    """A worker process failed or died; ``index`` is the first env it ran (pass it to ``restart``)."""
+    """A worker process failed or died; ``index`` is the first env it ran (pass it to ``restart``, or let the
+    pool restart it: ``max_restarts``)."""
 
     def __init__(self, index: int, message: str):
         super().__init__(message)
@@ -200,11 +202,17 @@ class WorkerVectorEnv:
     CPU core (:func:`auto_envs_per_worker`). Why: a ManiSkill worker costs ~350-550 MB before its env and
     ~2 MB per env after (benchmarks/bench_env_grouping.py), so 64 envs take 1 GB in 2 workers and ~22 GB
     in 64; and on a machine with fewer cores than envs the extra processes only add context switches and
-    pipe round trips. Results do not depend on the grouping: every env keeps its own simulator and seed."""
+    pipe round trips. Results do not depend on the grouping: every env keeps its own simulator and seed.
+
+    ``max_restarts`` > 0: a worker that dies (or fails) during ``reset`` or ``step`` is replaced, up to that
+    many times over the pool's life, instead of raising :class:`WorkerError`. Its envs are reset with the
+    seeds of the last ``reset`` (an evaluation replays the same initial states) and their unfinished episodes
+    are dropped: in that step they report ``lost`` (no reward, no episode), and their observation is the first
+    of the new episode. Each restart is reported through ``log``."""
 
     def __init__(self, factory: Callable[[], object], num_envs: int, *, seed: int = 0,
                  envs_per_worker: int | None = 1, start_method: str = "spawn", timeout: float = 300.0,
-                 name: str = "env"):
+                 name: str = "env", max_restarts: int = 0, log: Callable[[str], None] | None = None):
         if envs_per_worker is None:
             envs_per_worker = auto_envs_per_worker(num_envs)
         self.slices = worker_slices(num_envs, envs_per_worker)
@@ -216,6 +224,9 @@ class WorkerVectorEnv:
         self._procs: list = [None] * len(self.slices)
         self._conns: list = [None] * len(self.slices)
         self._instr: list[str] = [""] * num_envs
+        self._seeds: list[int | None] = [None] * num_envs   # each env's seed at the last reset()
+        self.max_restarts, self.restarts = max_restarts, 0
+        self.log = log or (lambda msg: print(msg, file=sys.stderr))
         self.bufs: _Buffers | None = None
         self.spec: EnvSpec | None = None
         try:
@@ -280,7 +291,7 @@ class WorkerVectorEnv:
         except (EOFError, ConnectionResetError, BrokenPipeError):
             proc.join(timeout=5)
             raise WorkerError(first, f"{self.name} worker {w} ({self._envs_text(w)}) died: "
-                                     f"{_exit_cause(proc.exitcode)}; call restart({first}) to replace it") from None
+                                     f"{_exit_cause(proc.exitcode)}") from None
         if kind == "error":
             raise WorkerError(first, f"{self.name} worker {w} ({self._envs_text(w)}) failed:\n{payload}")
         return kind, payload
@@ -292,28 +303,61 @@ class WorkerVectorEnv:
             self._procs[w].join(timeout=5)
             first = self.slices[w][0]
             raise WorkerError(first, f"{self.name} worker {w} ({self._envs_text(w)}) died: "
-                                     f"{_exit_cause(self._procs[w].exitcode)}; call restart({first})") from None
+                                     f"{_exit_cause(self._procs[w].exitcode)}") from None
 
     def _call(self, msgs: dict[int, tuple]) -> dict[int, object]:
         """Send each worker its message, then take every reply. A failure is raised only after all the
         live workers have answered, so no reply is left in a pipe to be misread by the next command (the
         live workers' envs have still run the command)."""
-        sent, error = [], None
+        out, errors = self._call_each(msgs)
+        if errors:
+            raise next(iter(errors.values()))
+        return out
+
+    def _call_each(self, msgs: dict[int, tuple]) -> tuple[dict[int, object], dict[int, WorkerError]]:
+        """:meth:`_call` that returns the replies of the workers that answered and the errors of the others."""
+        sent, errors = [], {}
         for w, msg in msgs.items():
             try:
                 self._send(w, msg)
                 sent.append(w)
             except WorkerError as e:
-                error = error or e
+                errors[w] = e
         out = {}
         for w in sent:
             try:
                 out[w] = self._recv(w)[1]
             except WorkerError as e:
-                error = error or e
-        if error is not None:
-            raise error
-        return out
+                errors[w] = e
+        return out, errors
+
+    def _replace_failed(self, errors: dict[int, WorkerError], doing: str) -> None:
+        """Restart the workers in ``errors`` and reset their envs with their last seeds, or raise the first
+        error when that would exceed ``max_restarts``."""
+        if self.restarts + len(errors) > self.max_restarts:
+            first = next(iter(errors.values()))
+            if self.max_restarts:
+                raise WorkerError(first.index, f"{first} (after {self.restarts} restart(s), the most allowed: "
+                                               f"{self.max_restarts})") from None
+            raise first
+        for w, err in errors.items():
+            self.restarts += 1
+            cause = str(err).splitlines()[0]
+            self.log(f"{self.name} worker {w} ({self._envs_text(w)}) stopped during {doing}: {cause}; restarting it "
+                     f"({self.restarts} of at most {self.max_restarts}); its unfinished episodes are dropped")
+            self._respawn(w)
+
+    def _respawn(self, w: int) -> None:
+        proc = self._procs[w]
+        if proc is not None and proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)
+        if self._conns[w] is not None:
+            self._conns[w].close()
+        self._start(w)
+        sl = self.slices[w]
+        for j, instr in zip(sl, self._call({w: ("reset", [self._seeds[j] for j in sl])})[w]):
+            self._instr[j] = instr
 
     def restart(self, i: int, seed: int | None = None) -> dict:
         """Replace the worker that runs env ``i`` (after it died) and reset its envs; envs on other workers
@@ -347,10 +391,12 @@ class WorkerVectorEnv:
         """Reset every env; env ``i`` gets seed ``seed + i // group_size`` (default seed: the
         constructor's), so ``group_size`` g > 1 makes groups of g envs start from the same state."""
         base = self.seed if seed is None else seed
-        replies = self._call({w: ("reset", [base + i // group_size for i in sl])
-                              for w, sl in enumerate(self.slices)})
+        self._seeds = [base + i // group_size for i in range(self.num_envs)]
+        replies, errors = self._call_each({w: ("reset", [self._seeds[i] for i in sl])
+                                           for w, sl in enumerate(self.slices)})
+        self._replace_failed(errors, "reset")   # a restarted worker's envs are reset with these seeds
         for w, sl in enumerate(self.slices):
-            for i, instr in zip(sl, replies[w]):
+            for i, instr in zip(sl, replies.get(w, [])):
                 self._instr[i] = instr
         self.tracker = EpisodeTracker(self.num_envs, self.device)
         return self._observe(final=False)
@@ -359,7 +405,17 @@ class WorkerVectorEnv:
         chunk = check_action_chunk(chunk, self.spec)
         horizon = chunk.shape[1]
         actions = chunk.numpy()
-        replies = self._call({w: ("step", actions[sl[0]:sl[-1] + 1]) for w, sl in enumerate(self.slices)})
+        replies, errors = self._call_each({w: ("step", actions[sl[0]:sl[-1] + 1])
+                                           for w, sl in enumerate(self.slices)})
+        lost = torch.zeros(self.num_envs, dtype=torch.bool)
+        if errors:
+            self._replace_failed(errors, "a step")
+            for w in errors:   # a fresh episode, reported like a chunk that ran no step
+                sl = self.slices[w]
+                lost[sl[0]:sl[-1] + 1] = True
+                replies[w] = [(np.zeros(horizon, np.float32), np.zeros(horizon, bool), 0, False, False, False,
+                               self._instr[j], None) for j in sl]
+            self.tracker.finish(lost, torch.zeros_like(lost))   # their unfinished episodes are dropped
         results = [r for w in range(self.num_workers) for r in replies[w]]
         rewards = torch.from_numpy(np.stack([r[0] for r in results]))
         succ_h = torch.from_numpy(np.stack([r[1] for r in results]))
@@ -378,7 +434,7 @@ class WorkerVectorEnv:
         self._instr = [r[6] for r in results]
         return ChunkStep(obs=self._observe(final=False), rewards=rewards, terminated=terminated,
                          truncated=truncated, success=success, steps=steps, final_obs=final_obs,
-                         episodes=episodes)
+                         episodes=episodes, lost=lost if errors else None)
 
     def render_frames(self, indices: list[int] | None = None) -> list[np.ndarray]:
         """One RGB frame ``[H, W, 3]`` per requested env (for videos), in the order asked."""

@@ -5,17 +5,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .ranges import check_ranges, nonneg, positive, ranged
+
 
 @dataclass(frozen=True)
 class VisionConfig:
     """Per-camera image encoder: patch embedding + a small ViT (SigLIP-like)."""
 
-    image_size: int = 32
-    patch_size: int = 8
-    width: int = 64
-    depth: int = 1
-    num_heads: int = 2
-    mlp_dim: int = 128
+    image_size: int = ranged(32, 1)
+    patch_size: int = ranged(8, 1)
+    width: int = ranged(64, 1)
+    depth: int = nonneg(1)
+    num_heads: int = ranged(2, 1)
+    mlp_dim: int = ranged(128, 1)
+
+    def __post_init__(self):
+        check_ranges(self)
 
     @property
     def num_patches(self) -> int:
@@ -26,8 +31,11 @@ class VisionConfig:
 class StreamConfig:
     """Width of one transformer stream (prefix backbone or action expert)."""
 
-    width: int = 64
-    mlp_dim: int = 128
+    width: int = ranged(64, 1)
+    mlp_dim: int = ranged(128, 1)
+
+    def __post_init__(self):
+        check_ranges(self)
 
 
 @dataclass(frozen=True)
@@ -38,32 +46,33 @@ class PolicyConfig:
     vision: VisionConfig = field(default_factory=VisionConfig)
     prefix: StreamConfig = field(default_factory=StreamConfig)
     expert: StreamConfig = field(default_factory=StreamConfig)
-    depth: int = 2
-    num_heads: int = 2
-    num_kv_heads: int = 1
-    head_dim: int = 32
-    rope_base: float = 10000.0
+    depth: int = ranged(2, 1)
+    num_heads: int = ranged(2, 1)
+    num_kv_heads: int = ranged(1, 1)
+    head_dim: int = ranged(32, 2)
+    rope_base: float = positive(10000.0)
     tokenizer: Literal["words", "bytes"] = "words"
-    vocab_size: int = 1024
-    max_text_tokens: int = 16
-    num_cameras: int = 1
-    state_dim: int = 8
-    action_dim: int = 4
-    action_horizon: int = 8
+    vocab_size: int = ranged(1024, 4)   # 3 special tokens (BOS, EOS, PAD) and at least one word
+    max_text_tokens: int = ranged(16, 1)
+    num_cameras: int = nonneg(1)        # 0: a state-only policy (ManiSkill state observations)
+    state_dim: int = ranged(8, 1)
+    action_dim: int = ranged(4, 1)
+    action_horizon: int = ranged(8, 1)
     # "concat": π0 (sin-cos time embedding concatenated with the action token, then an MLP);
     # "adarms": π0.5 (a time MLP drives adaptive RMSNorm in every expert layer).
     time_conditioning: Literal["concat", "adarms"] = "concat"
     # "token": π0 (one projected state token); "discrete": π0.5 (state binned into tokens).
     state_input: Literal["token", "discrete"] = "token"
-    state_bins: int = 256
+    state_bins: int = ranged(256, 2)
     # "expert": value read from the action expert's output (π0 style); "prefix": from the prefix (π0.5).
     value_source: Literal["expert", "prefix"] = "expert"
     value_detach: bool = False
-    value_hidden: int = 64
-    noise_std_min: float = 0.08
-    noise_std_max: float = 0.16
+    value_hidden: int = ranged(64, 1)
+    noise_std_min: float = positive(0.08)
+    noise_std_max: float = positive(0.16)
 
     def __post_init__(self):
+        check_ranges(self)
         problems = []
         if self.vision.image_size % self.vision.patch_size:
             problems.append("vision.image_size must be a multiple of vision.patch_size")
@@ -77,11 +86,6 @@ class PolicyConfig:
             problems.append("need 0 < noise_std_min < noise_std_max")
         if self.tokenizer == "bytes" and self.vocab_size < 259:
             problems.append("the bytes tokenizer needs vocab_size >= 259")
-        for name in ("depth", "state_dim", "action_dim", "action_horizon", "max_text_tokens"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be >= 1")
-        if self.num_cameras < 0:  # 0: a state-only policy (ManiSkill state observations); no image tokens
-            problems.append("num_cameras must be >= 0")
         if problems:
             raise ValueError("invalid PolicyConfig: " + "; ".join(problems))
 

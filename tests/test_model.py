@@ -237,5 +237,5 @@ def test_state_only_policy_has_no_image_tokens_and_uses_the_state():
     assert v1.shape == (3, cfg.action_horizon, 7) and not torch.allclose(v1, v2)
     with pytest.raises(ValueError, match=r"images must have shape \[N, 0"):
         model.embed_prefix({**obs, "images": torch.zeros(3, 1, 32, 32, 3, dtype=torch.uint8)})
-    with pytest.raises(ValueError, match="num_cameras must be >= 0"):
+    with pytest.raises(ValueError, match=r"num_cameras = -1 is outside its valid range \[0, inf\)"):
         policy_preset("tiny", {"num_cameras": -1})

@@ -145,8 +145,8 @@ def test_a_failed_write_leaves_the_earlier_file_whole(policy, tmp_path, monkeypa
         raise OSError("disk full")
 
     monkeypatch.setattr(ev.os, "replace", boom)
-    with pytest.raises(OSError, match="disk full"):
-        evaluate_checkpoint(policy, {**EVAL, "seed": 5, "out": str(a)})
+    with pytest.raises(OSError, match="disk full"):   # replacing it takes --overwrite
+        evaluate_checkpoint(policy, {**EVAL, "seed": 5, "out": str(a)}, overwrite=True)
     assert a.read_text() == before
     assert sorted(x.name for x in tmp_path.iterdir()) == ["a.json"]   # no temporary file left beside it
 

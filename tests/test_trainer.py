@@ -127,8 +127,14 @@ def test_envs_are_released_however_a_trainer_ends(sft_checkpoint, tmp_path, clos
     assert evaluate_checkpoint(ckpt, {"episodes": 4, "num_envs": 4})["eval/episodes"] == 4
     assert len(closed_envs) == 1
     closed_envs.clear()
-    (ckpt / "optimizer.safetensors").write_bytes(b"\x00" * 10)
+    (ckpt / "optimizer.safetensors").write_bytes(b"\x00" * 10)   # found unreadable before any env is built
     with pytest.raises(CheckpointError, match="corrupt safetensors"):
+        resume_trainer(tmp_path / "a", log=lambda *_: None)
+    assert closed_envs == []
+    from safetensors.torch import save_file
+
+    save_file({"state.0.exp_avg": torch.zeros(1)}, str(ckpt / "optimizer.safetensors"))  # readable, does not fit
+    with pytest.raises(CheckpointError, match=r"state.0.exp_avg has shape \(1,\)"):
         resume_trainer(tmp_path / "a", log=lambda *_: None)
     assert len(closed_envs) == 1
 

@@ -32,6 +32,14 @@ class CheckpointError(RuntimeError):
     """A checkpoint folder is missing, corrupt or does not match what is asked of it."""
 
 
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written (disk full, no permission); what was at its place is kept."""
+
+
+class NonFiniteError(CheckpointError):
+    """Tensors to be saved hold NaN or inf: they are never written."""
+
+
 @contextlib.contextmanager
 def atomic_folder(path: str | Path) -> Iterator[Path]:
     """Yield a temporary sibling folder to fill; when the block ends without an error it replaces
@@ -54,17 +62,72 @@ def atomic_folder(path: str | Path) -> Iterator[Path]:
         raise
 
 
+def clean_stale_temp(parent: str | Path) -> list[str]:
+    """Tidy what writes interrupted by a kill left in folder ``parent``; returns what was done, in words.
+
+    :func:`atomic_folder` works in ``.<name>.tmp-*`` (removed here: never complete, or already renamed) and
+    moves the folder it replaces to ``.<name>.old-*`` for a moment: if ``<name>`` itself is missing, the
+    kill came between the two renames and the old folder is put back; otherwise it is removed."""
+    parent = Path(parent)
+    done: list[str] = []
+    if not parent.is_dir():
+        return done
+    for old in sorted(parent.glob(".*.old-*")):
+        target = parent / old.name[1:].rsplit(".old-", 1)[0]
+        if target.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            done.append(f"removed {old.name}")
+        else:
+            os.replace(old, target)
+            done.append(f"restored {target.name} from {old.name} (a save was interrupted)")
+    for tmp in sorted(parent.glob(".*.tmp-*")):
+        shutil.rmtree(tmp, ignore_errors=True)
+        done.append(f"removed the unfinished {tmp.name}")
+    return done
+
+
+def nonfinite_tensors(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the floating-point tensors that hold NaN or inf."""
+    return [k for k, v in tensors.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+
+
 def write_atomic_folder(path: str | Path, *, tensors: dict[str, dict[str, torch.Tensor]],
                         yamls: dict[str, dict]) -> Path:
-    """Write ``<name>.safetensors`` and ``<name>.yaml`` files into folder ``path`` atomically."""
-    with atomic_folder(path) as tmp:
-        for name, tens in tensors.items():
-            save_file({k: v.detach().to("cpu").contiguous() for k, v in tens.items()},
-                      str(tmp / f"{name}.safetensors"))
-        for name, data in yamls.items():
-            with open(tmp / f"{name}.yaml", "w") as f:
-                yaml.safe_dump(data, f, sort_keys=False)
+    """Write ``<name>.safetensors`` and ``<name>.yaml`` files into folder ``path`` atomically.
+
+    Refuses (:class:`NonFiniteError`) tensors that hold NaN or inf, before writing anything; a failed write
+    (:class:`CheckpointWriteError`, e.g. a full disk) leaves what was at ``path`` as it was."""
+    for name, tens in tensors.items():
+        bad = nonfinite_tensors(tens)
+        if bad:
+            more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+            raise NonFiniteError(f"refusing to write {path}: {name}.safetensors would hold NaN or inf in "
+                                 f"{', '.join(bad[:3])}{more}; nothing was written")
+    try:
+        with atomic_folder(path) as tmp:
+            for name, tens in tensors.items():
+                save_file({k: v.detach().to("cpu").contiguous() for k, v in tens.items()},
+                          str(tmp / f"{name}.safetensors"))
+            for name, data in yamls.items():
+                with open(tmp / f"{name}.yaml", "w") as f:
+                    yaml.safe_dump(data, f, sort_keys=False)
+    except (OSError, SafetensorError) as e:
+        kept = "its previous version is intact" if Path(path).exists() else "nothing was written"
+        raise CheckpointWriteError(f"could not write {path} ({e}); {kept}") from None
     return Path(path)
+
+
+def verify_folder(path: str | Path) -> None:
+    """Read every ``.safetensors`` and ``.yaml`` file of a checkpoint folder in full; raise
+    :class:`CheckpointError` naming the first that is unreadable (torn by a crash, truncated, junk)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"no checkpoint folder at {path}")
+    for f in sorted(path.iterdir()):
+        if f.suffix == ".safetensors":
+            read_tensors(f)
+        elif f.suffix == ".yaml":
+            read_yaml_file(f)
 
 
 def read_tensors(path: Path, device="cpu") -> dict[str, torch.Tensor]:
@@ -72,7 +135,7 @@ def read_tensors(path: Path, device="cpu") -> dict[str, torch.Tensor]:
         raise CheckpointError(f"checkpoint file missing: {path}")
     try:
         return load_file(str(path), device=str(device))
-    except (SafetensorError, OSError, ValueError) as e:
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"corrupt safetensors file {path}: {e}") from None
 
 
@@ -82,8 +145,10 @@ def read_yaml_file(path: Path) -> dict:
     try:
         with open(path) as f:
             data = yaml.safe_load(f)
-    except yaml.YAMLError as e:
-        raise CheckpointError(f"corrupt YAML in {path}: {e}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"corrupt YAML in {path}: {' '.join(str(e).split())}") from None
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path}: {e}") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path} must hold a mapping")
     return data
@@ -109,6 +174,11 @@ def load_policy(path: str | Path, device="cpu") -> tuple[FlowPolicy, NormStats, 
     if not path.is_dir():
         raise CheckpointError(f"no checkpoint folder at {path}")
     config = read_yaml_file(path / "config.yaml")
+    if "format_version" not in config:
+        hint = ("; it looks like a training run folder: give one of its checkpoints (checkpoints/iter_*, "
+                "checkpoints/best)" if (path / "checkpoints").is_dir() else "")
+        raise CheckpointError(f"{path} is not a policy checkpoint folder (its config.yaml has no format_version)"
+                              + hint)
     if config.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{path}: unsupported checkpoint format_version {config.get('format_version')!r}")
     try:

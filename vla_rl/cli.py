@@ -1,20 +1,40 @@
-"""``vla-rl`` command line: parses arguments and calls the library, nothing else."""
+"""``vla-rl`` command line: parses arguments and calls the library, nothing else.
+
+A user mistake or an environmental fault (bad config value, occupied output folder, corrupt checkpoint or
+dataset, dead env worker, full disk, missing CUDA) ends in one line ``vla-rl: <kind> error: ...`` and exit
+status 2; ``--debug`` (or ``VLA_RL_DEBUG=1``) shows the traceback instead.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from vla_rl.checkpoint import CheckpointError
 from vla_rl.config import ConfigError, from_dict, merge, parse_overrides, preset_path, read_yaml
-from vla_rl.data.lerobot import LeRobotDatasetError
+
+# (module, exception class, kind) of the errors that are the user's or the machine's, not a bug. Looked up in
+# sys.modules when an error is reported, so the CLI imports none of those modules to start.
+USER_ERRORS = [
+    ("vla_rl.policies.ranges", "ConfigError", "config"),
+    ("vla_rl.outputs", "OutputExistsError", "output"),
+    ("vla_rl.checkpoint", "CheckpointError", "checkpoint"),
+    ("vla_rl.data.lerobot", "LeRobotDatasetError", "dataset"),
+    ("vla_rl.data.maniskill_demos", "ManiSkillDemoError", "dataset"),
+    ("vla_rl.data.lerobot_video", "VideoError", "dataset"),
+    ("vla_rl.eval.paired", "EpisodeFileError", "input"),
+    ("vla_rl.rl.trainer", "TrainingError", "training"),
+    ("vla_rl.envs.workers", "WorkerError", "env"),
+    ("vla_rl.envs.libero", "LiberoNotInstalled", "env"),
+    ("vla_rl.envs.maniskill", "ManiSkillUnavailable", "env"),
+]
 
 
 def _demo(args) -> int:
     from vla_rl.demo import DemoConfig, run_demo
 
     cfg = from_dict(DemoConfig, parse_overrides(args.overrides))
-    run_demo(cfg, progress=not args.no_progress)
+    run_demo(cfg, progress=not args.no_progress, overwrite=args.overwrite)
     return 0
 
 
@@ -25,6 +45,9 @@ def _train(args) -> int:
     if args.no_progress:
         overrides["progress"] = False
     if args.resume:
+        if args.config:
+            raise ConfigError(f"give either a CONFIG ({args.config}) or --resume RUN_DIR, not both: a resumed run "
+                              "keeps its own config (change settings with key=value overrides)")
         trainer = resume_trainer(args.resume, overrides=overrides)
         print(f"resuming {args.resume} at iteration {trainer.iteration}")
     else:
@@ -32,7 +55,7 @@ def _train(args) -> int:
             raise ConfigError("give a CONFIG (a preset name from configs/experiment or a YAML path), or --resume")
         base = read_yaml(preset_path("experiment", args.config))
         cfg = from_dict(TrainConfig, merge(base, overrides))
-        trainer = Trainer(cfg)
+        trainer = Trainer(cfg, overwrite=args.overwrite)
     with trainer:   # closes the envs' worker processes however the run ends
         history = trainer.run()
     evals = [h for h in history if "eval/success_once" in h]
@@ -49,22 +72,18 @@ def _eval(args) -> int:
     if args.libero:
         raise ConfigError(f"the LIBERO protocol is `vla-rl bench {args.checkpoint} --suite {args.libero}` "
                           "(episodes=, tasks=, workers=, out=)")
-    metrics = evaluate_checkpoint(args.checkpoint, parse_overrides(args.overrides))
+    metrics = evaluate_checkpoint(args.checkpoint, parse_overrides(args.overrides), overwrite=args.overwrite)
     for k, v in metrics.items():
         print(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
     return 0
 
 
 def _compare(args) -> int:
-    from vla_rl.eval.paired import EpisodeFileError, compare, format_result, load_side
+    from vla_rl.eval.paired import compare, format_result, load_side
 
-    try:
-        base = load_side([f for f in args.base.split(",") if f])
-        new = load_side([f for f in args.new.split(",") if f])
-        result = compare(base, new, args.metric)
-    except EpisodeFileError as e:
-        print(f"vla-rl: {e}", file=sys.stderr)
-        return 2
+    base = load_side([f for f in args.base.split(",") if f])
+    new = load_side([f for f in args.new.split(",") if f])
+    result = compare(base, new, args.metric)
     print(format_result(result, args.base, args.new))
     return 0
 
@@ -102,13 +121,17 @@ def _collect(args) -> int:
         from vla_rl.data.libero_demos import LiberoRecordConfig, record_libero_dataset
 
         lcfg = from_dict(LiberoRecordConfig, parse_overrides(args.overrides))
-        path = record_libero_dataset(args.out, lcfg)
+        path = record_libero_dataset(args.out, lcfg, overwrite=args.overwrite)
         print(f"wrote {len(lcfg.task_ids) * lcfg.episodes_per_task} LIBERO {lcfg.policy}-policy episodes as a "
               f"LeRobot v3.0 dataset (LIBERO layout: image, wrist_image, state, actions) to {path}")
         return 0
     cfg = from_dict(CollectConfig, parse_overrides(args.overrides))
-    path = collect_dataset(args.kind, args.out, cfg)
-    print(f"wrote {cfg.episodes} {args.kind} expert episodes as a LeRobot v3.0 dataset to {path}")
+    from vla_rl.data.lerobot import read_lerobot_info
+
+    path = collect_dataset(args.kind, args.out, cfg, overwrite=args.overwrite)
+    kept = read_lerobot_info(path)["total_episodes"]
+    short = f" (of {cfg.episodes} asked for: see the dropped episodes above)" if kept < cfg.episodes else ""
+    print(f"wrote {kept} {args.kind} expert episodes{short} as a LeRobot v3.0 dataset to {path}")
     return 0
 
 
@@ -116,7 +139,7 @@ def _sft(args) -> int:
     from vla_rl.sft import SFTRunConfig, run_sft
 
     cfg = from_dict(SFTRunConfig, parse_overrides(args.overrides))
-    run_sft(args.dataset, cfg, progress=not args.no_progress)
+    run_sft(args.dataset, cfg, progress=not args.no_progress, overwrite=args.overwrite)
     return 0
 
 
@@ -276,6 +299,14 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--names", help="comma-separated names for the runs (default: the folder names)")
     rep.set_defaults(func=_report)
 
+    parser.add_argument("--debug", action="store_true", help="show the Python traceback of an error "
+                                                              "(also: VLA_RL_DEBUG=1)")
+    for name, p in sub.choices.items():
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
+        if name in WRITERS:
+            p.add_argument("--overwrite", action="store_true",
+                           help=f"replace {WRITERS[name]} if it already holds something (refused otherwise)")
+
     # argparse stops collecting positionals at the first flag; overrides after a flag
     # (`vla-rl train preset --no-progress ppo.lr_actor=1e-4`) come back as extras and are taken here.
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -292,17 +323,61 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "config", None) and "=" in args.config:
         args.overrides.insert(0, args.config)
         args.config = None
+    debug = args.debug or os.environ.get("VLA_RL_DEBUG", "") not in ("", "0")
     try:
         return args.func(args)
-    except ConfigError as e:
-        print(f"vla-rl: config error: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        resume = " (continue with `vla-rl train --resume RUN_DIR`)" if args.command == "train" else ""
+        print(f"vla-rl: interrupted{resume}", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if debug:
+            raise
+        kind = error_kind(e)
+        if kind is None:
+            print(f"vla-rl: internal error: {type(e).__name__}: {one_line(str(e))} (a bug; run again with --debug "
+                  "or VLA_RL_DEBUG=1 for the traceback)", file=sys.stderr)
+            return 1
+        print(f"vla-rl: {kind} error: {one_line(str(e))}{advice(kind, args)}", file=sys.stderr)
         return 2
-    except CheckpointError as e:
-        print(f"vla-rl: checkpoint error: {e}", file=sys.stderr)
-        return 2
-    except LeRobotDatasetError as e:
-        print(f"vla-rl: dataset error: {e}", file=sys.stderr)
-        return 2
+
+
+# What each writing command writes (``--overwrite`` replaces it; without, an output that holds anything is refused).
+WRITERS = {"demo": "the demo folder (out=)", "train": "the run folder (out=)", "sft": "the policy folder (out=)",
+           "collect": "the dataset folder OUT", "eval": "the results file or folder (out=)"}
+
+
+def error_kind(e: BaseException) -> str | None:
+    """The kind of a user's or the machine's error (``config``, ``checkpoint``, ...), None for a bug."""
+    for module, name, kind in USER_ERRORS:
+        cls = getattr(sys.modules.get(module), name, None)
+        if isinstance(cls, type) and isinstance(e, cls):
+            return kind
+    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
+        return "memory"
+    if isinstance(e, OSError):   # a full disk, a missing or unreadable file, no permission
+        return "file"
+    return None
+
+
+def one_line(msg: str) -> str:
+    """A message in one line: the first line and, for a multi-line one (a worker's traceback), its last."""
+    lines = [ln.strip() for ln in msg.splitlines() if ln.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else ""
+    return f"{lines[0]} ... {lines[-1]}"
+
+
+def advice(kind: str, args) -> str:
+    """What a CLI user can do next, where the error's message cannot know it."""
+    if kind == "env" and args.command == "train":
+        return ("; the run's checkpoints are intact: continue it with `vla-rl train --resume RUN_DIR "
+                "env.restart_dead_workers=2`, which also restarts env workers that die")
+    if kind == "training":
+        return "; resume from that checkpoint with other settings: `vla-rl train --resume RUN_DIR key=value`"
+    return ""
 
 
 if __name__ == "__main__":

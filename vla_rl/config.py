@@ -17,6 +17,18 @@ from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 import yaml
 
+# Declared ranges live in vla_rl.policies.ranges (policies/ and envs/ use them too and import no vla_rl);
+# they are re-exported here, where the rest of the project looks for them.
+from vla_rl.policies.ranges import (  # noqa: F401
+    ConfigError,
+    check_ranges,
+    describe_range,
+    fraction,
+    nonneg,
+    positive,
+    ranged,
+)
+
 
 def _config_dir() -> Path:
     """The presets: ``vla_rl/configs`` in an installed wheel (pyproject maps ``configs/`` there), else the
@@ -28,67 +40,6 @@ def _config_dir() -> Path:
 
 CONFIG_DIR = _config_dir()
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A configuration key is unknown, missing, of the wrong type or out of its range."""
-
-
-# ----------------------------------------------------------------------------------------------------
-# Declared ranges: every numeric field of a config says which values are valid, and __post_init__ checks
-# them (check_ranges), so a bad number is refused when the config is built, before any work starts.
-# ----------------------------------------------------------------------------------------------------
-def ranged(default: Any = dataclasses.MISSING, lo: float | None = None, hi: float | None = None, *,
-           lo_open: bool = False, hi_open: bool = False, **kwargs) -> Any:
-    """A dataclass field whose value must lie in [lo, hi] (``lo_open`` / ``hi_open``: excluded). None as a
-    value is allowed only if the field's type allows it; floats must be finite."""
-    meta = {**kwargs.pop("metadata", {}), "range": (lo, hi, lo_open, hi_open)}
-    return dataclasses.field(default=default, metadata=meta, **kwargs)
-
-
-def positive(default: Any = dataclasses.MISSING, **kwargs) -> Any:
-    """A field that must be > 0."""
-    return ranged(default, 0, None, lo_open=True, **kwargs)
-
-
-def nonneg(default: Any = dataclasses.MISSING, **kwargs) -> Any:
-    """A field that must be >= 0."""
-    return ranged(default, 0, None, **kwargs)
-
-
-def fraction(default: Any = dataclasses.MISSING, **kwargs) -> Any:
-    """A field in [0, 1]."""
-    return ranged(default, 0, 1, **kwargs)
-
-
-def describe_range(spec: tuple) -> str:
-    lo, hi, lo_open, hi_open = (tuple(spec) + (False, False))[:4]
-    left = "(" if lo_open or lo is None else "["
-    right = ")" if hi_open or hi is None else "]"
-    return f"{left}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}{right}"
-
-
-def check_ranges(obj: Any, prefix: str = "") -> None:
-    """Check every field of dataclass ``obj`` that declares a range (and that float fields are finite);
-    raise :class:`ConfigError` naming the field, the value and the range."""
-    import math
-
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        key = f"{prefix}.{f.name}" if prefix else f.name
-        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        spec = f.metadata.get("range")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{key} = {value!r} is not a finite number"
-                              + (f"; valid range {describe_range(spec)}" if spec else ""))
-        if spec is None:
-            continue
-        lo, hi, lo_open, hi_open = (tuple(spec) + (False, False))[:4]
-        bad = ((lo is not None and (value < lo or (lo_open and value == lo)))
-               or (hi is not None and (value > hi or (hi_open and value == hi))))
-        if bad:
-            raise ConfigError(f"{key} = {value!r} is outside its valid range {describe_range(spec)}")
 
 
 def _check_value(tp: Any, value: Any, key: str) -> Any:
@@ -200,6 +151,25 @@ def to_dict(cfg: Any) -> dict:
     return plain(cfg)
 
 
+def resolve_device(name: str):
+    """``torch.device(name)``, checked: a malformed name, or a CUDA device on a machine without one (or
+    without that index), is a :class:`ConfigError` (``device=cpu`` runs anywhere)."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError(f"device = {name!r} is not a torch device ({e}); use cpu, cuda or cuda:<index>") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device = {name!r} but CUDA is not available on this machine; use device=cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"device = {name!r} but this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif device.type not in ("cpu", "mps"):
+        raise ConfigError(f"device = {name!r}: vla-rl runs on cpu or cuda")
+    return device
+
+
 def merge(base: dict, override: dict) -> dict:
     """Deep merge: mappings merge key by key, anything else replaces."""
     out = dict(base)
@@ -212,11 +182,23 @@ def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
-    with open(path) as f:
-        data = yaml.safe_load(f) or {}
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid YAML: {_yaml_problem(e)}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read config file {path}: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
     return data
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """PyYAML's error in one line (its message spans several, with a caret drawing)."""
+    mark = getattr(e, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{getattr(e, 'problem', None) or type(e).__name__}{where}"
 
 
 def preset_path(group: str, name: str) -> Path:
@@ -243,7 +225,10 @@ def parse_overrides(items: list[str]) -> dict:
         key, raw = item.split("=", 1)
         if not key or any(not part for part in key.split(".")):
             raise ConfigError(f"override {item!r} has an empty key")
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {item!r}: the value is not valid YAML ({_yaml_problem(e)})") from None
         node = out
         *parents, last = key.split(".")
         for p in parents:

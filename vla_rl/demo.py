@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from vla_rl.checkpoint import save_policy
-from vla_rl.config import load_preset, to_dict
+from vla_rl.config import check_ranges, load_preset, nonneg, ranged, to_dict
 from vla_rl.data.collect import collect_builtin_demos
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
 from vla_rl.eval.evaluate import evaluate
@@ -35,20 +35,27 @@ from vla_rl.sft import SFTConfig, train_sft
 class DemoConfig:
     model: str = "tiny"
     env: ColorReachConfig = field(default_factory=ColorReachConfig)  # the built-in task's level
-    demos: int = 10
+    demos: int = ranged(10, 1)
     sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=500))
-    num_steps: int = 4
-    execute: int = 8
-    eval_episodes: int = 200
+    num_steps: int = ranged(4, 1)
+    execute: int = ranged(8, 1)
+    eval_episodes: int = ranged(200, 1)
     rl: str = "builtin_flow_sde"    # experiment preset of the RL stage (configs/experiment)
-    rl_iterations: int = 80         # 0: SFT only (measured, stop 12, `make demo`: 0.54 -> 0.88 after 80)
-    seed: int = 0
+    rl_iterations: int = nonneg(80)  # 0: SFT only (measured, `make demo`: 0.54 -> 0.88 after 80)
+    seed: int = nonneg(0)
     out: str = "runs/demo"
 
+    def __post_init__(self):
+        check_ranges(self)
 
-def run_demo(cfg: DemoConfig, *, progress: bool = True) -> dict:
+
+def run_demo(cfg: DemoConfig, *, progress: bool = True, overwrite: bool = False) -> dict:
+    from vla_rl.outputs import check_output, clear_output
     from vla_rl.rl.trainer import TrainConfig, Trainer
 
+    check_output(cfg.out, overwrite=overwrite, what="demo folder")
+    if overwrite:
+        clear_output(cfg.out)
     torch.manual_seed(cfg.seed)
     t0 = time.time()
     data = collect_builtin_demos(cfg.demos, seed=cfg.seed, config=cfg.env)

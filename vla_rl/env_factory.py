@@ -13,7 +13,7 @@ from typing import Literal
 
 import torch
 
-from vla_rl.config import ConfigError, check_ranges, positive
+from vla_rl.config import ConfigError, check_ranges, nonneg, positive
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
 from vla_rl.envs.libero import LiberoConfig
 from vla_rl.envs.maniskill import ManiSkillConfig
@@ -32,7 +32,7 @@ class EnvConfig:
     envs_per_worker: int | None = positive(None)
     # Restart a worker process that died (simulator crash, OOM kill) up to this many times per run; its envs
     # are reset and their unfinished episodes dropped from the batch. 0: a dead worker stops the run.
-    restart_dead_workers: int = field(default=0, metadata={"range": (0, None)})
+    restart_dead_workers: int = nonneg(0)
     builtin: ColorReachConfig = field(default_factory=ColorReachConfig)
     maniskill: ManiSkillConfig = field(default_factory=ManiSkillConfig)
     libero: LiberoConfig = field(default_factory=LiberoConfig)
@@ -68,8 +68,9 @@ class EnvConfig:
         return data
 
 
-def make_env(cfg: EnvConfig, *, num_envs: int, device: torch.device | str, seed: int):
-    """Build ``num_envs`` envs of ``cfg`` on ``device`` (callers never import a simulator themselves)."""
+def make_env(cfg: EnvConfig, *, num_envs: int, device: torch.device | str, seed: int, log=None):
+    """Build ``num_envs`` envs of ``cfg`` on ``device`` (callers never import a simulator themselves).
+    Worker envs restart up to ``cfg.restart_dead_workers`` dead workers, reporting each through ``log``."""
     device = torch.device(device)
     if cfg.kind == "builtin":
         return ColorReachEnv(num_envs, config=cfg.builtin, device=device, seed=seed)
@@ -77,13 +78,15 @@ def make_env(cfg: EnvConfig, *, num_envs: int, device: torch.device | str, seed:
         from vla_rl.envs.maniskill import make_maniskill_env
 
         return make_maniskill_env(cfg.maniskill, num_envs, device=device, seed=seed,
-                                  envs_per_worker=cfg.envs_per_worker)
+                                  envs_per_worker=cfg.envs_per_worker, max_restarts=cfg.restart_dead_workers,
+                                  log=log)
     if cfg.kind == "libero":
         from vla_rl.envs.libero import LiberoSingleEnv
         from vla_rl.envs.workers import WorkerVectorEnv
 
         return WorkerVectorEnv(functools.partial(LiberoSingleEnv, cfg.libero), num_envs, seed=seed,
-                               name="libero", envs_per_worker=cfg.envs_per_worker)
+                               name="libero", envs_per_worker=cfg.envs_per_worker,
+                               max_restarts=cfg.restart_dead_workers, log=log)
     raise ConfigError(f"unknown env.kind {cfg.kind!r}")
 
 

@@ -10,6 +10,7 @@ from typing import Any, Literal
 import torch
 from tqdm.auto import tqdm
 
+from vla_rl.config import check_ranges, nonneg, positive, ranged
 from vla_rl.data.dataset import DemoDataset, drop_idle_frames
 from vla_rl.policies import flow
 from vla_rl.rl.actor import Actor, SamplerConfig
@@ -17,14 +18,17 @@ from vla_rl.rl.actor import Actor, SamplerConfig
 
 @dataclass(frozen=True)
 class SFTConfig:
-    steps: int = 2000
-    batch_size: int = 64
-    lr: float = 3e-4  # 1e-3 collapses the from-scratch vision features (measured), then only the state is used
-    weight_decay: float = 1e-4
-    warmup_steps: int = 100
-    grad_clip: float = 1.0
-    seed: int = 0
-    log_every: int = 100
+    steps: int = ranged(2000, 1)
+    batch_size: int = ranged(64, 1)
+    lr: float = ranged(3e-4, 0, 1, lo_open=True)  # 1e-3 collapses the from-scratch vision features (measured)
+    weight_decay: float = nonneg(1e-4)
+    warmup_steps: int = nonneg(100)
+    grad_clip: float = positive(1.0)
+    seed: int = nonneg(0)
+    log_every: int = ranged(100, 1)
+
+    def __post_init__(self):
+        check_ranges(self)
 
 
 def lr_at(step: int, cfg: SFTConfig) -> float:
@@ -81,24 +85,27 @@ class SFTRunConfig:
 
     model: str = "tiny"                    # model preset (configs/model) ...
     policy: dict[str, Any] = field(default_factory=dict)  # ... with these PolicyConfig overrides (policy.depth=2)
-    steps: int = 500
-    batch_size: int = 64
-    lr: float = 3e-4
-    warmup_steps: int = 100
+    steps: int = ranged(500, 1)
+    batch_size: int = ranged(64, 1)
+    lr: float = ranged(3e-4, 0, 1, lo_open=True)
+    warmup_steps: int = nonneg(100)
     norm: Literal["mean_std", "quantile"] = "mean_std"
-    seed: int = 0
+    seed: int = nonneg(0)
     out: str = "runs/sft"
-    max_episodes: int | None = None        # few-shot: train on the first N episodes only (None: all)
-    idle_threshold: float | None = None    # drop idle frames (arm |a| below this, gripper unchanged; see
+    max_episodes: int | None = ranged(None, 1)   # few-shot: train on the first N episodes only (None: all)
+    idle_threshold: float | None = positive(None)  # drop idle frames (arm |a| below this, gripper unchanged; see
                                            # data.idle_frames), e.g. 0.02 for ManiSkill motion-planner demos
-    hidden_state_dims: str | int | list[int] | None = None  # state dims the policy never sees (set to 0
+    hidden_state_dims: str | int | list[int] | None = nonneg(None)  # state dims the policy never sees (set to 0
                                            # after normalising, here and in RL / eval): "9-17" hides
                                            # ManiSkill Panda's joint velocities (see NormStats)
-    eval_episodes: int = 100               # datasets that name their env (built-in, ManiSkill); 0 skips it
-    eval_num_envs: int | None = None       # None: 100 built-in envs, 2 ManiSkill worker processes
-    eval_seed: int | None = None           # None: 10_000 + seed (disjoint from the collection seeds)
-    num_steps: int = 4                     # ODE steps of the evaluation
-    execute: int = 8                       # actions executed per chunk in the evaluation
+    eval_episodes: int = nonneg(100)       # datasets that name their env (built-in, ManiSkill); 0 skips it
+    eval_num_envs: int | None = ranged(None, 1)  # None: 100 built-in envs, 2 ManiSkill worker processes
+    eval_seed: int | None = nonneg(None)   # None: 10_000 + seed (disjoint from the collection seeds)
+    num_steps: int = ranged(4, 1)          # ODE steps of the evaluation
+    execute: int = ranged(8, 1)            # actions executed per chunk in the evaluation
+
+    def __post_init__(self):
+        check_ranges(self)
 
 
 def load_demos(dataset: str | Path, max_episodes: int | None = None) -> tuple[DemoDataset, dict]:
@@ -142,9 +149,10 @@ def first_episodes(data: DemoDataset, n: int) -> DemoDataset:
                        task_index=remap[data.task_index[mask]], tasks=[data.tasks[t] for t in used])
 
 
-def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True) -> dict:
+def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True, overwrite: bool = False) -> dict:
     """Train a policy on a demo dataset, save it to ``cfg.out`` (weights + normalisation stats of the data +
-    the env it came from), and evaluate it with the ODE sampler when the dataset names its env.
+    the env it came from), and evaluate it with the ODE sampler when the dataset names its env. A ``cfg.out``
+    that holds anything is refused before any work unless ``overwrite`` (then replaced atomically at the save).
 
     The model preset's camera count and state / action sizes follow the data unless ``cfg.policy`` sets
     them (sizes only grow: a smaller env vector is zero-padded into the model's)."""
@@ -152,22 +160,26 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True) ->
     from vla_rl.config import ConfigError, from_dict, to_dict
     from vla_rl.env_factory import EnvConfig, make_env
     from vla_rl.eval.evaluate import evaluate
+    from vla_rl.outputs import check_output
     from vla_rl.policies.config import policy_preset
     from vla_rl.policies.model import FlowPolicy, count_parameters
     from vla_rl.policies.normalize import NormStats, Stats, parse_dims
 
+    check_output(cfg.out, overwrite=overwrite, what="policy folder")
     torch.manual_seed(cfg.seed)
-    if cfg.max_episodes is not None and cfg.max_episodes < 1:
-        raise ConfigError(f"max_episodes must be >= 1, got {cfg.max_episodes}")
     data, env_dict = load_demos(dataset, cfg.max_episodes)  # reads (and decodes videos of) those episodes only
+    if len(data) == 0:
+        from vla_rl.data.lerobot import LeRobotDatasetError
+
+        raise LeRobotDatasetError(f"{dataset} holds no episodes: nothing to train on")
     if cfg.max_episodes is not None:
         data = first_episodes(data, cfg.max_episodes)
     if cfg.idle_threshold is not None:
-        if not cfg.idle_threshold > 0:
-            raise ConfigError(f"idle_threshold must be > 0 (or null), got {cfg.idle_threshold}")
         before = len(data)
         data = drop_idle_frames(data, cfg.idle_threshold)
         print(f"dropped {before - len(data)} idle frames of {before} (idle_threshold={cfg.idle_threshold})")
+        if len(data) == 0:
+            raise ConfigError(f"idle_threshold={cfg.idle_threshold} drops every frame of {dataset}; lower it")
     _, cams, h, w, _ = data.images.shape
     state_dim, action_dim = data.state.shape[1], data.action.shape[1]
     print(f"dataset {dataset}: {data.num_episodes} episodes, {len(data)} frames, {len(data.tasks)} tasks, "

@@ -8,7 +8,7 @@ from typing import Literal
 
 import torch
 
-from vla_rl.config import ConfigError, to_dict
+from vla_rl.config import ConfigError, check_ranges, nonneg, ranged, to_dict
 from vla_rl.data.dataset import DemoDataset
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
 
@@ -20,11 +20,11 @@ COLLECT_KINDS = ("builtin", "maniskill")
 class CollectConfig:
     """``vla-rl collect builtin OUT`` settings."""
 
-    episodes: int = 50
-    seed: int = 0
-    noise: float = 0.1      # Gaussian action noise of the expert (demos then show some recoveries)
-    num_envs: int = 16
-    fps: int | None = None  # LeRobot timestamps; None: 10 builtin (no real clock), 20 ManiSkill (control rate)
+    episodes: int = ranged(50, 1)
+    seed: int = nonneg(0)
+    noise: float = nonneg(0.1)       # Gaussian action noise of the expert (demos then show some recoveries)
+    num_envs: int = ranged(16, 1)
+    fps: int | None = ranged(None, 1)  # LeRobot timestamps; None: 10 builtin (no clock), 20 ManiSkill (control rate)
     env: ColorReachConfig = field(default_factory=ColorReachConfig)
     # camera images as MP4 files (AV1, lossy, LeRobot's default for recorded data) instead of PNG in the parquet
     video: bool = False
@@ -33,8 +33,15 @@ class CollectConfig:
     task: str = "PushCube-v1"
     control_mode: str = "pd_ee_delta_pose"
     obs_mode: Literal["state", "rgb"] = "state"   # rgb: camera images (image_size px) + proprioception
-    image_size: int = 64
-    max_episode_steps: int | None = None
+    image_size: int = ranged(64, 1)
+    max_episode_steps: int | None = ranged(None, 1)
+    # ManiSkill: motion plans tried at most (seeds seed, seed + 1, ...) to get `episodes` good demos; a plan
+    # that fails, or whose conversion to control_mode fails or is corrupt, is dropped and reported.
+    # None: 3 x episodes + 10.
+    max_tries: int | None = ranged(None, 1)
+
+    def __post_init__(self):
+        check_ranges(self)
 
 
 def collect_builtin_demos(num_episodes: int, *, seed: int = 0, noise: float = 0.1, num_envs: int = 16,
@@ -72,19 +79,23 @@ def collect_builtin_demos(num_episodes: int, *, seed: int = 0, noise: float = 0.
     )
 
 
-def collect_dataset(kind: str, out: str | Path, cfg: CollectConfig) -> Path:
+def collect_dataset(kind: str, out: str | Path, cfg: CollectConfig, *, overwrite: bool = False) -> Path:
     """Collect ``cfg.episodes`` expert demos of ``kind`` and write them as a LeRobot v3.0 dataset at ``out``
     (``builtin``: the scripted expert; ``maniskill``: ManiSkill's motion planner for ``cfg.task``, converted
     to ``cfg.control_mode`` with state observations, see :mod:`vla_rl.data.maniskill_demos`).
 
     info.json records the env (``"vla_rl": {"env": ..., "env_config": ...}``) so ``vla-rl sft`` can
-    evaluate on the task the demos came from."""
+    evaluate on the task the demos came from. An ``out`` that holds anything is refused before any work
+    unless ``overwrite`` (then replaced atomically once the new dataset is complete)."""
     from vla_rl.data.lerobot import write_lerobot_dataset
+    from vla_rl.outputs import check_output
 
     if kind not in COLLECT_KINDS:
         raise ConfigError(f"unknown collect kind {kind!r}; supported: {list(COLLECT_KINDS)}")
-    if cfg.episodes < 1 or cfg.num_envs < 1 or (cfg.fps is not None and cfg.fps < 1):
-        raise ConfigError("episodes, num_envs and fps must be >= 1")
+    check_output(out, overwrite=overwrite, what="dataset folder", elsewhere="another OUT folder")
+    if kind == "maniskill":   # ManiSkill's own files of an earlier collection into OUT live beside it
+        raw = Path(out).with_name(Path(out).name + ".maniskill")
+        check_output(raw, overwrite=overwrite, what="ManiSkill trajectory folder", elsewhere="another OUT folder")
     if kind == "maniskill":
         from vla_rl.data.maniskill_demos import PLANNED_TASKS, collect_maniskill
 
@@ -93,7 +104,7 @@ def collect_dataset(kind: str, out: str | Path, cfg: CollectConfig) -> Path:
                               f"{', '.join(PLANNED_TASKS)}")
         return collect_maniskill(out, task=cfg.task, episodes=cfg.episodes, seed=cfg.seed,
                                  control_mode=cfg.control_mode, obs_mode=cfg.obs_mode, image_size=cfg.image_size,
-                                 max_episode_steps=cfg.max_episode_steps,
+                                 max_episode_steps=cfg.max_episode_steps, max_tries=cfg.max_tries,
                                  fps=cfg.fps or 20, video=cfg.video, extra_info={"collect": to_dict(cfg)})
     data = collect_builtin_demos(cfg.episodes, seed=cfg.seed, noise=cfg.noise, num_envs=cfg.num_envs,
                                  config=cfg.env)

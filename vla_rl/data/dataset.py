@@ -101,3 +101,34 @@ def drop_idle_frames(data: DemoDataset, threshold: float) -> DemoDataset:
     return DemoDataset(images=data.images[keep], state=data.state[keep], action=data.action[keep],
                        episode_index=episode, frame_index=pos - first, task_index=data.task_index[keep],
                        tasks=list(data.tasks))
+
+
+def select_episodes(data: DemoDataset, episodes: list[int]) -> DemoDataset:
+    """The frames of the episodes whose ``episode_index`` is in ``episodes``, in dataset order, renumbered
+    0, 1, ... (the task list is kept)."""
+    keep = torch.isin(data.episode_index, torch.as_tensor(list(episodes), dtype=data.episode_index.dtype))
+    old = data.episode_index[keep]
+    _, renumbered = torch.unique_consecutive(old, return_inverse=True)
+    return DemoDataset(images=data.images[keep], state=data.state[keep], action=data.action[keep],
+                       episode_index=renumbered, frame_index=data.frame_index[keep],
+                       task_index=data.task_index[keep], tasks=list(data.tasks))
+
+
+def concat_episodes(parts: list[DemoDataset]) -> DemoDataset:
+    """The episodes of ``parts`` one after another, renumbered 0, 1, ...; task lists are merged."""
+    if not parts:
+        raise ValueError("no datasets to concatenate")
+    tasks: list[str] = []
+    for p in parts:
+        tasks += [t for t in p.tasks if t not in tasks]
+    offset, episode_index, task_index = 0, [], []
+    for p in parts:
+        _, local = torch.unique_consecutive(p.episode_index, return_inverse=True)
+        episode_index.append(local + offset)
+        offset += int(local.max()) + 1 if len(local) else 0
+        remap = torch.tensor([tasks.index(t) for t in p.tasks], dtype=torch.long)
+        task_index.append(remap[p.task_index] if len(p.task_index) else p.task_index)
+    return DemoDataset(images=torch.cat([p.images for p in parts]), state=torch.cat([p.state for p in parts]),
+                       action=torch.cat([p.action for p in parts]), episode_index=torch.cat(episode_index),
+                       frame_index=torch.cat([p.frame_index for p in parts]), task_index=torch.cat(task_index),
+                       tasks=tasks)

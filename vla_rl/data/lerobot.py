@@ -571,6 +571,8 @@ def read_lerobot_dataset(path: str | Path, *, image_keys: list[str] | None = Non
         for name in ("episode_index", "frame_index", "task_index", "index"):
             parts[name].append(_integers(_column(table, name, f), name, f))
     cols = {k: np.concatenate(v) for k, v in parts.items() if v}
+    if "index" not in cols or not len(cols["index"]):
+        raise LeRobotDatasetError(f"{root} holds no frames (0 episodes in its data files)")
     order = np.argsort(cols["index"], kind="stable")
     cols = {k: v[order] for k, v in cols.items()}
     total = info.get("total_frames")

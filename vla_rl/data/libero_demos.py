@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 import torch
 
 from vla_rl.checkpoint import atomic_folder
+from vla_rl.config import check_ranges, nonneg, positive, ranged
 from vla_rl.data.dataset import DemoDataset
 
 # Our LeRobot writer's names -> the LIBERO layout's.
@@ -37,14 +38,17 @@ class LiberoRecordConfig:
 
     suite: str = "libero_spatial"
     task_ids: list[int] = field(default_factory=lambda: [0])
-    episodes_per_task: int = 2             # init states 0, 1, ... of each task
+    episodes_per_task: int = ranged(2, 1, 50)  # init states 0, 1, ... of each task (LIBERO ships 50)
     policy: Literal["random"] = "random"
-    max_episode_steps: int = 50            # the random policy never succeeds: every episode has this length
-    image_size: int = 256                  # openpi's datasets: 256
+    max_episode_steps: int = ranged(50, 1)  # the random policy never succeeds: every episode has this length
+    image_size: int = ranged(256, 1)       # openpi's datasets: 256
     image_orientation: Literal["upright", "rot180"] = "rot180"   # openpi's datasets: rot180
-    action_scale: float = 0.5
-    seed: int = 0
-    fps: int = 10
+    action_scale: float = positive(0.5)
+    seed: int = nonneg(0)
+    fps: int = ranged(10, 1)
+
+    def __post_init__(self):
+        check_ranges(self)
 
 
 def random_policy(rng: np.random.Generator, scale: float):
@@ -144,8 +148,13 @@ def recording_info(cfg: LiberoRecordConfig) -> dict:
     return {"vla_rl": {"env": "libero", "env_config": env_config, "policy": cfg.policy, "seed": cfg.seed}}
 
 
-def record_libero_dataset(path: str | Path, cfg: LiberoRecordConfig | None = None, *, progress: bool = True) -> Path:
-    """Record episodes with :func:`record_libero_episodes` and write them in the LIBERO layout."""
+def record_libero_dataset(path: str | Path, cfg: LiberoRecordConfig | None = None, *, progress: bool = True,
+                          overwrite: bool = False) -> Path:
+    """Record episodes with :func:`record_libero_episodes` and write them in the LIBERO layout (a ``path``
+    that holds anything is refused before any work unless ``overwrite``)."""
+    from vla_rl.outputs import check_output
+
+    check_output(path, overwrite=overwrite, what="dataset folder", elsewhere="another OUT folder")
     cfg = cfg or LiberoRecordConfig()
     data = record_libero_episodes(cfg, progress=progress)
     return write_libero_layout(path, data, fps=cfg.fps, extra_info=recording_info(cfg))

@@ -11,6 +11,10 @@ The pipeline behind ``vla-rl collect maniskill`` (each step a function, so each 
 3. :func:`read_maniskill_h5` turns such a file (or any ManiSkill trajectory file a user brings) into a
    :class:`~vla_rl.data.dataset.DemoDataset`; :func:`collect_maniskill` writes it as a LeRobot v3.0 dataset.
 
+A bad demonstration never costs the collection: :func:`collect_maniskill` drops an episode whose plan,
+conversion, frames or first observation is wrong (reporting its seed and why), plans more seeds until it
+has the episodes asked for or has tried ``max_tries`` seeds, and writes what it has.
+
 ManiSkill's trajectory format: ``traj_<i>/obs`` has one more row than ``traj_<i>/actions`` (the final
 observation); frame ``t`` pairs ``obs[t]`` with ``actions[t]``. The ``.json`` beside the file names the
 task (``env_info.env_id``), its control / observation mode and each episode's reset seed.
@@ -19,6 +23,7 @@ task (``env_info.env_id``), its control / observation mode and each episode's re
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass, replace
@@ -27,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vla_rl.data.dataset import DemoDataset
+from vla_rl.data.dataset import DemoDataset, concat_episodes, select_episodes
 from vla_rl.envs.maniskill import default_instruction, ensure_vulkan
 
 # The tasks ManiSkill 3.0.1 ships a Panda motion-planning solution for (``...panda.solutions``).
@@ -37,7 +42,15 @@ PLANNED_TASKS = ("PickCube-v1", "PushCube-v1", "StackCube-v1", "PullCube-v1", "L
 
 
 class ManiSkillDemoError(RuntimeError):
-    pass
+    """A ManiSkill demonstration file or collection that cannot be used; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class DroppedEpisode:
+    """An episode left out of a collection: its reset seed and why."""
+
+    seed: int | None
+    reason: str
 
 
 def _solver(task: str):
@@ -59,6 +72,17 @@ def plan_demos(task: str, num_episodes: int, out_dir: str | Path, *, seed: int =
     ``seed + 1``, ...; failed plans are skipped) into ``out_dir/<task>.h5``; returns that path.
 
     Gives up with an error after ``max_attempts`` seeds (default ``3 * num_episodes + 10``)."""
+    max_attempts = max_attempts or 3 * num_episodes + 10
+    path, kept, attempts, _ = _plan(task, num_episodes, out_dir, seed=seed, max_attempts=max_attempts, log=log)
+    if kept < num_episodes:
+        raise ManiSkillDemoError(f"{task}: only {kept} of {attempts} motion plans succeeded; wanted {num_episodes}")
+    return path
+
+
+def _plan(task: str, num_episodes: int, out_dir: str | Path, *, seed: int, max_attempts: int,
+          log=print) -> tuple[Path, int, int, list[DroppedEpisode]]:
+    """Plan seeds ``seed, seed + 1, ...`` until ``num_episodes`` plans succeed or ``max_attempts`` seeds were
+    tried; returns (the ``.h5``, plans kept, seeds tried, the failed seeds and why)."""
     import gymnasium as gym
     from mani_skill.utils.wrappers.record import RecordEpisode
 
@@ -74,25 +98,24 @@ def plan_demos(task: str, num_episodes: int, out_dir: str | Path, *, seed: int =
     env = RecordEpisode(env, output_dir=str(out_dir), trajectory_name=task, save_video=False,
                         source_type="motionplanning", source_desc="ManiSkill's motion-planning solution",
                         record_reward=False, save_on_reset=False)
-    max_attempts = max_attempts or 3 * num_episodes + 10
-    kept, attempts, s = 0, 0, seed
+    kept, attempts, s, failed = 0, 0, seed, []
     try:
-        while kept < num_episodes:
-            if attempts >= max_attempts:
-                raise ManiSkillDemoError(f"{task}: only {kept} of {attempts} motion plans succeeded; "
-                                         f"wanted {num_episodes}")
+        while kept < num_episodes and attempts < max_attempts:
+            reason = None
             try:
                 res = solve(env, seed=s)
             except Exception as e:  # the solutions raise on unreachable poses; count as a failed plan
-                log(f"{task} seed {s}: planning failed ({type(e).__name__}: {e})")
-                res = -1
+                res, reason = -1, f"planning failed ({type(e).__name__}: {e})"
             ok = res != -1 and bool(np.asarray(res[-1]["success"]).reshape(-1)[0])
+            if not ok:
+                failed.append(DroppedEpisode(s, reason or "the motion plan did not reach success"))
+                log(f"{task} seed {s}: dropped, {failed[-1].reason}")
             env.flush_trajectory(save=ok)
             kept, attempts, s = kept + ok, attempts + 1, s + 1
     finally:
         env.close()
     log(f"{task}: {kept} successful motion plans from {attempts} seeds")
-    return out_dir / f"{task}.h5"
+    return out_dir / f"{task}.h5", kept, attempts, failed
 
 
 def convert_demos(h5: str | Path, *, control_mode: str = "pd_ee_delta_pose", obs_mode: str = "state",
@@ -112,11 +135,17 @@ def convert_demos(h5: str | Path, *, control_mode: str = "pd_ee_delta_pose", obs
         meta["env_info"]["env_kwargs"]["sensor_configs"] = {"width": image_size, "height": image_size}
         meta_path.write_text(json.dumps(meta, indent=2))
     ensure_vulkan()  # sets VK_ICD_FILENAMES for the child too
-    cmd = [sys.executable, "-m", "mani_skill.trajectory.replay_trajectory", "--traj-path", str(h5),
+    # ManiSkill's converter, run through vla_rl.data.maniskill_replay (a failed replay is discarded, not joined
+    # to the next episode); the child imports this very vla_rl, wherever it is run from.
+    cmd = [sys.executable, "-m", "vla_rl.data.maniskill_replay", "--traj-path", str(h5),
            "-c", control_mode, "-o", obs_mode, "--save-traj", "-b", "physx_cpu"]
+    import vla_rl
+
+    root = str(Path(vla_rl.__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     log_path = h5.with_suffix(".replay.log")
     with open(log_path, "w") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
     if rc != 0 or not out.is_file():
         tail = log_path.read_text()[-1500:]
         raise ManiSkillDemoError(f"converting {h5} to {control_mode}/{obs_mode} failed (exit {rc}); "
@@ -195,13 +224,37 @@ def kept_episodes(info: ManiSkillTrajectoryInfo, max_episodes: int | None = None
     return [ep for ep in info.episodes if ep.get("success", True)][:max_episodes]
 
 
-def read_maniskill_h5(h5: str | Path, *, instruction: str | None = None,
-                      max_episodes: int | None = None) -> DemoDataset:
-    """A ManiSkill trajectory file as a :class:`DemoDataset`, instruction from the task id.
+def episode_seed(ep: dict) -> int | None:
+    """The reset seed a ``.json`` episode entry names (``reset_kwargs.seed``, else ``episode_seed``)."""
+    seed = (ep.get("reset_kwargs") or {}).get("seed", ep.get("episode_seed"))
+    if isinstance(seed, list):   # ManiSkill writes a list for batched resets; ours are single envs
+        seed = seed[0] if seed else None
+    return None if seed is None else int(seed)
 
-    ``state`` observations give a state-only dataset (``images`` ``[M, 0, 1, 1, 3]``); ``rgb`` ones give
-    the cameras' images and the proprioception + task extras as the state, in the adapter's layout. Only
-    successful episodes are kept (all are, in files written by :func:`convert_demos`)."""
+
+def _episode_frames(f, h5: Path, ep: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(images, state, actions) of one episode of an open trajectory file; raises :class:`ManiSkillDemoError`
+    naming the episode when it is missing, inconsistent or not finite."""
+    key = f"traj_{ep['episode_id']}"
+    if key not in f:
+        raise ManiSkillDemoError(f"{h5}: episode {key} is listed in the .json but missing")
+    img, obs = _frames(f[key]["obs"], f"{h5}: {key}")
+    act = np.asarray(f[key]["actions"], np.float32)
+    if len(obs) != len(act) + 1 or act.ndim != 2:
+        raise ManiSkillDemoError(f"{h5}: {key} has {len(obs)} observations for {len(act)} actions "
+                                 "(expected one more observation than actions)")
+    if not (np.isfinite(obs).all() and np.isfinite(act).all()):
+        raise ManiSkillDemoError(f"{h5}: {key} contains NaN or inf")
+    return img[:-1], obs[:-1], act
+
+
+def read_maniskill_episodes(
+        h5: str | Path, *, instruction: str | None = None, max_episodes: int | None = None,
+        drop_bad: bool = False) -> tuple[DemoDataset | None, list[int | None], list[DroppedEpisode]]:
+    """The successful episodes of a ManiSkill trajectory file (see :func:`read_maniskill_h5`), each episode's
+    reset seed, and the episodes left out. With ``drop_bad`` an episode whose frames are missing, inconsistent
+    or not finite is left out (with its seed and the reason) instead of failing the whole file; None when
+    no episode is left."""
     import h5py
 
     h5 = Path(h5)
@@ -210,38 +263,85 @@ def read_maniskill_h5(h5: str | Path, *, instruction: str | None = None,
         raise ManiSkillDemoError(f"{h5} has {info.obs_mode!r} observations; 'state' and 'rgb' are read "
                                  "(convert with obs_mode='state' or 'rgb')")
     text = instruction or default_instruction(info.task)
-    images, states, actions, ep_idx, fr_idx = [], [], [], [], []
+    images, states, actions, ep_idx, fr_idx, seeds, dropped = [], [], [], [], [], [], []
     try:
         f = h5py.File(h5, "r")
     except OSError as e:
         raise ManiSkillDemoError(f"{h5} is not a readable HDF5 file ({e})") from e
     with f:
         for ep in kept_episodes(info, max_episodes):
-            key = f"traj_{ep['episode_id']}"
-            if key not in f:
-                raise ManiSkillDemoError(f"{h5}: episode {key} is listed in the .json but missing")
-            img, obs = _frames(f[key]["obs"], f"{h5}: {key}")
-            act = np.asarray(f[key]["actions"], np.float32)
-            if len(obs) != len(act) + 1 or act.ndim != 2:
-                raise ManiSkillDemoError(f"{h5}: {key} has {len(obs)} observations for {len(act)} actions "
-                                         "(expected one more observation than actions)")
-            if not (np.isfinite(obs).all() and np.isfinite(act).all()):
-                raise ManiSkillDemoError(f"{h5}: {key} contains NaN or inf")
+            try:
+                img, obs, act = _episode_frames(f, h5, ep)
+            except ManiSkillDemoError as e:
+                if not drop_bad:
+                    raise
+                dropped.append(DroppedEpisode(episode_seed(ep), str(e)))
+                continue
             e = len(states)
-            images.append(img[:-1])
-            states.append(obs[:-1])
+            images.append(img)
+            states.append(obs)
             actions.append(act)
             ep_idx.append(np.full(len(act), e))
             fr_idx.append(np.arange(len(act)))
+            seeds.append(episode_seed(ep))
     if not states:
-        raise ManiSkillDemoError(f"{h5} holds no successful episodes")
+        return None, [], dropped
     state = torch.from_numpy(np.concatenate(states))
     m = state.shape[0]
-    return DemoDataset(images=torch.from_numpy(np.concatenate(images)), state=state,
+    data = DemoDataset(images=torch.from_numpy(np.concatenate(images)), state=state,
                        action=torch.from_numpy(np.concatenate(actions)),
                        episode_index=torch.from_numpy(np.concatenate(ep_idx)),
                        frame_index=torch.from_numpy(np.concatenate(fr_idx)),
                        task_index=torch.zeros(m, dtype=torch.long), tasks=[text])
+    return data, seeds, dropped
+
+
+def read_maniskill_h5(h5: str | Path, *, instruction: str | None = None,
+                      max_episodes: int | None = None) -> DemoDataset:
+    """A ManiSkill trajectory file as a :class:`DemoDataset`, instruction from the task id.
+
+    ``state`` observations give a state-only dataset (``images`` ``[M, 0, 1, 1, 3]``); ``rgb`` ones give
+    the cameras' images and the proprioception + task extras as the state, in the adapter's layout. Only
+    successful episodes are kept (all are, in files written by :func:`convert_demos`); an episode whose frames
+    are missing, inconsistent or not finite is an error."""
+    data, _, _ = read_maniskill_episodes(h5, instruction=instruction, max_episodes=max_episodes)
+    if data is None:
+        raise ManiSkillDemoError(f"{h5} holds no successful episodes")
+    return data
+
+
+def first_frame_check(data: DemoDataset, seeds: list[int | None], env_cfg) -> tuple[torch.Tensor, list, int]:
+    """Each episode's first state as the live adapter (:class:`~vla_rl.envs.maniskill.ManiSkillSingleEnv` with
+    ``env_cfg``) observes it after a reset with the episode's seed.
+
+    Returns (``data.state`` with those first rows replaced, ``[(episode, seed, reason)]`` of the episodes whose
+    recorded first frame is not that seed's, the number of episodes whose first frame changed)."""
+    from vla_rl.envs.maniskill import ManiSkillSingleEnv
+
+    first_rows = (data.frame_index == 0).nonzero().flatten().tolist()   # episode order, as stored
+    if len(first_rows) != len(seeds):
+        raise ManiSkillDemoError(f"{len(first_rows)} episodes but {len(seeds)} seeds")
+    state = data.state.clone()
+    dim = state.shape[1]
+    bad, changed = [], 0
+    env = ManiSkillSingleEnv(env_cfg)
+    try:
+        for e, (row, seed) in enumerate(zip(first_rows, seeds)):
+            if seed is None:
+                bad.append((e, seed, "its .json entry names no reset seed"))
+                continue
+            fresh = torch.from_numpy(env.reset(int(seed))["state"])
+            differs = (fresh - state[row]).abs() > 1e-4
+            if int(differs.sum()) > max(2, dim // 20):
+                bad.append((e, seed, f"its first observation differs from a reset with seed {seed} in "
+                                     f"{int(differs.sum())} of {dim} entries; the seed does not give this episode"))
+                continue
+            changed += bool(differs.any())
+            state[row] = fresh
+    finally:
+        env.close()
+    return state, bad, changed
+
 
 def reobserve_first_frames(data: DemoDataset, h5: str | Path, env_cfg, *, log=print) -> DemoDataset:
     """``data`` (read from ``h5``) with each episode's first state taken from the live adapter
@@ -253,30 +353,13 @@ def reobserve_first_frames(data: DemoDataset, h5: str | Path, env_cfg, *, log=pr
     SFT learned its first chunk from an input RL and evaluation never give it. The recorded and the
     re-observed frame must agree on all but a few entries (the contact flags); more differences mean the
     seed does not give the recorded episode, and that is an error."""
-    from vla_rl.envs.maniskill import ManiSkillSingleEnv
-
     info = read_trajectory_info(h5)
     episodes = kept_episodes(info, data.num_episodes)
-    first_rows = (data.frame_index == 0).nonzero().flatten().tolist()   # episode order, as stored
-    state = data.state.clone()
-    dim = state.shape[1]
-    changed = 0
-    env = ManiSkillSingleEnv(env_cfg)
-    try:
-        for row, ep in zip(first_rows, episodes, strict=True):
-            seed = (ep.get("reset_kwargs") or {}).get("seed", ep.get("episode_seed"))
-            if seed is None:
-                raise ManiSkillDemoError(f"{h5}: episode {ep.get('episode_id')} names no reset seed")
-            fresh = torch.from_numpy(env.reset(int(seed))["state"])
-            differs = (fresh - state[row]).abs() > 1e-4
-            if int(differs.sum()) > max(2, dim // 20):
-                raise ManiSkillDemoError(
-                    f"{h5}: episode {ep.get('episode_id')}'s first observation differs from a reset with seed "
-                    f"{seed} in {int(differs.sum())} of {dim} entries; the seed does not give this episode")
-            changed += bool(differs.any())
-            state[row] = fresh
-    finally:
-        env.close()
+    seeds = [episode_seed(ep) for ep in episodes]
+    state, bad, changed = first_frame_check(data, seeds, env_cfg)
+    if bad:
+        e, _, reason = bad[0]
+        raise ManiSkillDemoError(f"{h5}: episode {episodes[e].get('episode_id')}: {reason}")
     log(f"{info.task}: first observation re-read at reset for {len(episodes)} episodes; {changed} had stale "
         "contact entries")
     return replace(data, state=state)
@@ -295,6 +378,9 @@ def refresh_dataset_first_frames(dataset: str | Path, out: str | Path, *, log=pr
     if meta.get("env") != "maniskill" or not meta.get("source") or not meta.get("env_config"):
         raise ManiSkillDemoError(f"{dataset} was not written by `vla-rl collect maniskill` (its info.json "
                                  "names no ManiSkill source file and env)")
+    if not isinstance(meta["source"], str):
+        raise ManiSkillDemoError(f"{dataset} was collected from several ManiSkill files; its first frames were "
+                                 "re-observed when it was collected")
     env_cfg = from_dict(ManiSkillConfig, meta["env_config"], prefix="env_config")
     if env_cfg.obs_mode != "state":
         raise ManiSkillDemoError(f"{dataset} has {env_cfg.obs_mode!r} observations; only state datasets are "
@@ -337,38 +423,99 @@ def demo_env_config(data: DemoDataset, *, task: str, control_mode: str, obs_mode
                            max_episode_steps=episode_limit(task, lengths, max_episode_steps))
 
 
+def _good_episodes(planned: Path, converted: Path, *, task: str, control_mode: str, obs_mode: str,
+                   log=print) -> tuple[DemoDataset | None, list[DroppedEpisode]]:
+    """The converted episodes that are whole and start where their seed starts, and the planned episodes left
+    out: replays that did not succeed in ``control_mode``, frames that are missing or not finite, a first
+    observation that is not its seed's (e.g. a failed replay's frames joined to it)."""
+    planned_seeds = [episode_seed(ep) for ep in read_trajectory_info(planned).episodes]
+    data, seeds, dropped = read_maniskill_episodes(converted, drop_bad=True)
+    converted_seeds = {episode_seed(ep) for ep in read_trajectory_info(converted).episodes}
+    dropped += [DroppedEpisode(s, f"its replay in {control_mode} did not succeed")
+                for s in planned_seeds if s not in converted_seeds]
+    if data is not None:
+        env_cfg = demo_env_config(data, task=task, control_mode=control_mode, obs_mode=obs_mode)
+        state, bad, changed = first_frame_check(data, seeds, env_cfg)
+        dropped += [DroppedEpisode(seed, reason) for _, seed, reason in bad]
+        good = [e for e in range(len(seeds)) if e not in {b[0] for b in bad}]
+        log(f"{task}: first observation re-read at reset for {len(good)} episodes; {changed} had stale contact "
+            "entries")
+        data = select_episodes(replace(data, state=state), good) if good else None
+    return data, dropped
+
+
 def collect_maniskill(out: str | Path, *, task: str, episodes: int, seed: int = 0,
                       control_mode: str = "pd_ee_delta_pose", obs_mode: str = "state", image_size: int = 64,
                       max_episode_steps: int | None = None, fps: int = 20, video: bool = False,
-                      extra_info: dict | None = None, log=print) -> Path:
+                      max_tries: int | None = None, extra_info: dict | None = None, log=print) -> Path:
     """Motion-planner demos of ``task`` -> ``control_mode`` + ``obs_mode`` (``state``, or ``rgb``: camera
     images of ``image_size`` + proprioception) -> a LeRobot v3.0 dataset at ``out``. ManiSkill's own
     ``.h5`` files are kept in ``<out>.maniskill/``. info.json records the env (``"vla_rl": {"env":
-    "maniskill", "env_config": ManiSkillConfig fields}``) for ``vla-rl sft``'s evaluation."""
+    "maniskill", "env_config": ManiSkillConfig fields}``) for ``vla-rl sft``'s evaluation, and the seeds
+    left out and why (``dropped``).
+
+    Seeds ``seed, seed + 1, ...`` are planned and converted in rounds until ``episodes`` good episodes are in
+    hand or ``max_tries`` seeds were tried (default ``3 * episodes + 10``). A bad episode (failed plan, failed
+    or corrupt conversion, a first frame that is not its seed's) is dropped and reported with its seed and the
+    reason; a conversion that fails as a whole drops that round's episodes only. Whatever good episodes there
+    are at the end are written (fewer than asked for: said so); none at all is an error."""
     import h5py
 
     from vla_rl.config import to_dict
     from vla_rl.data.lerobot import write_lerobot_dataset
 
+    max_tries = max_tries or 3 * episodes + 10
     out = Path(out)
     raw_dir = out.with_name(out.name + ".maniskill")
-    planned = plan_demos(task, episodes, raw_dir, seed=seed, log=log)
-    converted = convert_demos(planned, control_mode=control_mode, obs_mode=obs_mode,
-                              image_size=image_size if obs_mode == "rgb" else None, log=log)
-    data = read_maniskill_h5(converted)
-    if data.num_episodes < episodes:
-        log(f"{task}: {episodes - data.num_episodes} of {episodes} plans did not survive the conversion to "
-            f"{control_mode}; the dataset has {data.num_episodes}")
+    parts, sources, dropped = [], [], []
+    next_seed, tried, kept, rounds = seed, 0, 0, 0
+    while kept < episodes and tried < max_tries:
+        round_dir = raw_dir if rounds == 0 else raw_dir / f"more-{rounds}"
+        rounds += 1
+        planned, n_plans, attempts, failed = _plan(task, episodes - kept, round_dir, seed=next_seed,
+                                                   max_attempts=max_tries - tried, log=log)
+        dropped += failed
+        tried, next_seed = tried + attempts, next_seed + attempts
+        if n_plans == 0:
+            continue
+        try:
+            converted = convert_demos(planned, control_mode=control_mode, obs_mode=obs_mode,
+                                      image_size=image_size if obs_mode == "rgb" else None, log=log)
+            data, bad = _good_episodes(planned, converted, task=task, control_mode=control_mode,
+                                       obs_mode=obs_mode, log=log)
+        except ManiSkillDemoError as e:   # this round is lost; the earlier rounds' episodes are kept
+            reason = f"the conversion of its round failed ({str(e).splitlines()[0]})"
+            data, bad = None, [DroppedEpisode(episode_seed(ep), reason)
+                               for ep in read_trajectory_info(planned).episodes]
+        for d in bad:
+            log(f"{task} seed {d.seed}: dropped, {d.reason}")
+        dropped += bad
+        if data is not None:
+            parts.append(data)
+            sources.append(str(converted))
+            kept += data.num_episodes
+    if not parts:
+        raise ManiSkillDemoError(f"{task}: no usable episode from {tried} seeds (max_tries={max_tries}); "
+                                 f"{len(dropped)} dropped, e.g. seed {dropped[0].seed}: {dropped[0].reason}"
+                                 if dropped else f"{task}: no usable episode from {tried} seeds")
+    if kept < episodes:
+        log(f"{task}: only {kept} of {episodes} episodes are good after trying {tried} seeds (max_tries="
+            f"{max_tries}); writing those")
+    log(f"{task}: {kept} episodes from {tried} seeds; {len(dropped)} dropped")
+    data = concat_episodes(parts)
     lengths = torch.bincount(data.episode_index).tolist()
     env_cfg = demo_env_config(data, task=task, control_mode=control_mode, obs_mode=obs_mode,
                               max_episode_steps=max_episode_steps)
-    data = reobserve_first_frames(data, converted, env_cfg, log=log)
     log(f"{task}: demo lengths {min(lengths)}-{max(lengths)} steps; episode limit {env_cfg.max_episode_steps}")
     cameras = [f"camera{c}" for c in range(data.images.shape[1])]
     if obs_mode == "rgb":   # ManiSkill's camera names, in the order the adapter stacks them
-        with h5py.File(converted) as f:
+        with h5py.File(sources[0]) as f:
             sensors = f[next(iter(f))]["obs"]["sensor_data"]
             cameras = [c for c in sensors if "rgb" in sensors[c]]
     return write_lerobot_dataset(out, data, fps=fps, camera_names=cameras, robot_type="panda", video=video,
-                                 extra_info={"vla_rl": {"env": "maniskill", "env_config": to_dict(env_cfg),
-                                                        "source": str(converted), **(extra_info or {})}})
+                                 extra_info={"vla_rl": {
+                                     "env": "maniskill", "env_config": to_dict(env_cfg),
+                                     "source": sources[0] if len(sources) == 1 else sources,
+                                     "first_frames": "re-observed at reset",
+                                     "dropped": [{"seed": d.seed, "reason": d.reason} for d in dropped],
+                                     **(extra_info or {})}})

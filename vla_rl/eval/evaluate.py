@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import torch
 
+from vla_rl.config import check_ranges, nonneg, positive, ranged, resolve_device
 from vla_rl.env_factory import EnvConfig, env_identity, make_env
 from vla_rl.rl.actor import Actor, SamplerConfig
 
@@ -114,28 +115,31 @@ def evaluate(actor: Actor, env, *, num_episodes: int, sampler: SamplerConfig | N
 class EvalConfig:
     """``vla-rl eval`` settings; the env comes from the checkpoint unless ``env`` overrides fields."""
 
-    episodes: int = 100
-    seed: int = 10_000
-    num_steps: int = 4
-    execute: int = 8
-    num_envs: int = 100
+    episodes: int = ranged(100, 1)
+    seed: int = nonneg(10_000)
+    num_steps: int = ranged(4, 1)
+    execute: int = ranged(8, 1)
+    num_envs: int = ranged(100, 1)
     device: str = "cpu"
     env: dict[str, Any] = field(default_factory=dict)  # fields of the checkpoint's env config to override
     # The sampler: "ode" (deterministic given the initial noise; the default, as in training's evaluation
     # by default) or the stochastic policy RL trained: method=sde (with noise_level, sde_mode) or method=noise.
     # An RL update can improve the stochastic policy before its ODE counterpart (RESULTS.md, PickCube).
     method: Literal["ode", "sde", "noise"] = "ode"
-    noise_level: float = SamplerConfig.noise_level
+    noise_level: float = positive(SamplerConfig.noise_level)
     sde_mode: Literal["all", "mixed"] = SamplerConfig.sde_mode
     # A JSON file for the per-episode results (seed, env index, success, return, length) and the summary:
     # `vla-rl compare` pairs two such files episode by episode.
     out: str | None = None
     # Videos of the first `videos` episodes (one frame per chunk; camera images, or a rendering for state-only
     # envs), named by episode seed and outcome, into `video_dir` (default: beside `out`, else runs/eval_videos).
-    videos: int = 0
+    videos: int = nonneg(0)
     video_dir: str | None = None
     video_format: Literal["mp4", "gif"] = "mp4"
     progress: bool = True
+
+    def __post_init__(self):
+        check_ranges(self)
 
 
 def open_checkpoint(path: str | Path, *, env_config, num_envs: int, device: torch.device,
@@ -171,16 +175,36 @@ def checkpoint_env_config(path: str | Path, env_overrides: dict):
     return from_dict(EnvConfig, merge(env_dict, env_overrides), prefix="env")
 
 
-def evaluate_checkpoint(path: str | Path, overrides: dict | None = None) -> dict[str, float]:
-    """Evaluate a policy or training checkpoint folder (the ODE sampler unless ``method`` says otherwise);
-    with ``out`` set, also write the per-episode results there (:func:`write_episode_file`)."""
+def resolve_checkpoint(path: str | Path, log=print) -> Path:
+    """``path`` itself if it is a policy or training checkpoint folder; for a training run folder, its newest
+    intact checkpoint (said through ``log``)."""
+    from vla_rl.rl.state import checkpoint_dir, latest_checkpoint
+
+    path = Path(path)
+    if path.is_dir() and not (path / "model.safetensors").is_file() and checkpoint_dir(path).is_dir():
+        ckpt = latest_checkpoint(path, log=log)
+        log(f"{path} is a run folder: evaluating its newest checkpoint {ckpt}")
+        return ckpt
+    return path
+
+
+def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, *, overwrite: bool = False,
+                        log=print) -> dict[str, float]:
+    """Evaluate a policy or training checkpoint folder, or a run folder's newest checkpoint (the ODE sampler
+    unless ``method`` says otherwise); with ``out`` set, also write the per-episode results there
+    (:func:`write_episode_file`; an existing file is refused before any work unless ``overwrite``)."""
     from vla_rl.config import from_dict
+    from vla_rl.outputs import check_output
 
     cfg = from_dict(EvalConfig, dict(overrides or {}))
+    if cfg.out:
+        check_output(cfg.out, overwrite=overwrite, what="evaluation file")
+    path = resolve_checkpoint(path, log=log)
     num_envs = min(cfg.num_envs, cfg.episodes)
     env_cfg = checkpoint_env_config(path, cfg.env)
-    actor, env = open_checkpoint(path, env_config=env_cfg, num_envs=num_envs, device=torch.device(cfg.device),
+    actor, env = open_checkpoint(path, env_config=env_cfg, num_envs=num_envs, device=resolve_device(cfg.device),
                                  seed=cfg.seed)
+
     def progress(done: int, total: int) -> None:
         if cfg.progress and total > num_envs:
             print(f"  {done}/{total} episodes", flush=True)

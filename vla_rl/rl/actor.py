@@ -15,6 +15,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from vla_rl.config import check_ranges, positive, ranged
 from vla_rl.policies import flow
 from vla_rl.policies.model import FlowPolicy, Prefix
 from vla_rl.policies.normalize import NormStats, actions_from_model, actions_to_model, state_to_model
@@ -24,10 +25,13 @@ from vla_rl.policies.normalize import NormStats, actions_from_model, actions_to_
 class SamplerConfig:
     """How action chunks are drawn: ``num_steps`` (K) denoising steps with ``method``."""
 
-    num_steps: int = 4
+    num_steps: int = ranged(4, 1)
     method: Literal["ode", "sde", "noise"] = "ode"
-    noise_level: float = 0.5
+    noise_level: float = positive(0.5)
     sde_mode: Literal["all", "mixed"] = "mixed"
+
+    def __post_init__(self):
+        check_ranges(self)
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from vla_rl.config import ConfigError
+from vla_rl.config import ConfigError, check_ranges, fraction, nonneg, positive, ranged
 from vla_rl.policies import flow
 from vla_rl.rl import advantages as adv_lib
 from vla_rl.rl import losses
@@ -30,35 +30,36 @@ class PPOConfig:
     # "ppo": GAE advantages from the critic; "grpo": group-normalised returns of each env's first episode,
     # groups of `group_size` envs sharing an initial state (the env is reset with group_size).
     algorithm: Literal["ppo", "grpo"] = "ppo"
-    group_size: int = 8
+    group_size: int = ranged(8, 2)
     grpo_filter: bool = True
-    gamma: float = 0.99
-    lam: float = 0.95
+    gamma: float = fraction(0.99)
+    lam: float = fraction(0.95)
     # Rewards are multiplied by this before GAE. Keeps the value targets O(1) under a per-step cost
     # (ManiSkill's dense_cost: PickCube episodes sum to -60..-110, iteration means of rollout/return): the
     # value head's Adam steps (~lr_critic each) and the value clip (0.2 per update) could not follow
     # targets that far from the start.
-    reward_scale: float = 1.0
-    clip: float = 0.2
-    dual_clip: float | None = 3.0
-    value_clip: float | None = 0.2
-    huber_delta: float = 1.0
-    value_coef: float = 1.0
-    entropy_coef: float = 0.0
+    reward_scale: float = positive(1.0)
+    clip: float = positive(0.2)
+    dual_clip: float | None = ranged(3.0, 1, None, lo_open=True)   # a ratio bound on negative advantages: > 1
+    value_clip: float | None = positive(0.2)
+    huber_delta: float = positive(1.0)
+    value_coef: float = nonneg(1.0)
+    entropy_coef: float = nonneg(0.0)
     normalize_advantages: bool = True
-    update_epochs: int = 4
-    minibatches: int = 4
-    grad_accum: int = 1
-    lr_actor: float = 2e-5  # small: Flow-Noise log-densities (std ~0.1) react strongly to the mean
-    lr_critic: float = 1e-3
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    target_kl: float | None = None
-    critic_warmup_iters: int = 0
+    update_epochs: int = ranged(4, 1)
+    minibatches: int = ranged(4, 1)
+    grad_accum: int = ranged(1, 1)
+    # Learning rates above 1 only make Adam steps that throw the weights far from any trained solution.
+    lr_actor: float = ranged(2e-5, 0, 1)  # small: Flow-Noise log-densities (std ~0.1) react strongly to the mean
+    lr_critic: float = ranged(1e-3, 0, 1)
+    weight_decay: float = nonneg(0.0)
+    max_grad_norm: float = positive(1.0)
+    target_kl: float | None = positive(None)
+    critic_warmup_iters: int = nonneg(0)
     # The actor's learning rate ramps up linearly over this many policy-update iterations (after the
     # critic warm-up): the first full-size Adam steps from an SFT policy move the chunk log-likelihood
     # far (approx-KL ~2 on the built-in task at lr 1e-4) before the ratio clip can hold them.
-    actor_lr_warmup_iters: int = 0
+    actor_lr_warmup_iters: int = nonneg(0)
     # After the warm-up the actor's learning rate may decay to `actor_lr_final` x lr_actor at the run's last
     # iteration: constant steps kept moving a policy that had already reached its best (built-in Flow-SDE
     # slipped from 0.91 to 0.80-0.86 over its last 100 of 200 iterations, RESULTS.md).
@@ -66,24 +67,19 @@ class PPOConfig:
     # warm-up slowed the rise (+12/+14), while 150 updates at full lr and then 1e-5 gained +21 (RESULTS.md,
     # tenth and eleventh attempts). `step` holds full lr until then and `actor_lr_final` x lr_actor after.
     actor_lr_decay: Literal["constant", "linear", "cosine", "step"] = "constant"
-    actor_lr_final: float = 0.1
-    actor_lr_decay_start: int = 0
+    actor_lr_final: float = fraction(0.1)
+    actor_lr_decay_start: int = nonneg(0)
     freeze_prefix: bool = False
     log_prob: LogProbConfig = LogProbConfig()
 
     def __post_init__(self):
-        if not (math.isfinite(self.reward_scale) and self.reward_scale > 0):
-            raise ConfigError(f"ppo.reward_scale must be a positive finite number, got {self.reward_scale}")
+        check_ranges(self)
         if self.actor_lr_decay not in ("constant", "linear", "cosine", "step"):
             raise ConfigError("ppo.actor_lr_decay must be constant, linear, cosine or step, "
                               f"got {self.actor_lr_decay!r}")
-        if not (isinstance(self.actor_lr_decay_start, int) and self.actor_lr_decay_start >= 0):
-            raise ConfigError(f"ppo.actor_lr_decay_start is an update index >= 0, got {self.actor_lr_decay_start!r}")
         if self.actor_lr_decay == "step" and self.actor_lr_decay_start == 0:
             raise ConfigError("ppo.actor_lr_decay=step needs ppo.actor_lr_decay_start: the update (0-based) "
                               "from which the actor lr is actor_lr_final x lr_actor")
-        if not (0.0 <= self.actor_lr_final <= 1.0):
-            raise ConfigError(f"ppo.actor_lr_final is a fraction of lr_actor in [0, 1], got {self.actor_lr_final}")
 
 
 class Learner:
@@ -106,7 +102,8 @@ class Learner:
             {"params": critic, "lr": cfg.lr_critic, "name": "critic"},
         ], weight_decay=cfg.weight_decay)
         self.autocast = bf16 and model.device.type == "cuda"
-        self.skipped_steps = 0
+        self.skipped_steps = 0   # over the run (saved in checkpoints)
+        self.applied_steps = 0   # in the last update() (0 with samples: every step was skipped)
 
     def compute_advantages(self, ro: Rollout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Advantages, value targets and a mask of the samples that take part, all ``[T, N]``."""
@@ -118,7 +115,9 @@ class Learner:
         if cfg.algorithm == "grpo":
             adv, mask = grpo_chunk_advantages(ro, group_size=cfg.group_size, filter_degenerate=cfg.grpo_filter)
         elif cfg.normalize_advantages:
-            adv = adv_lib.normalize(adv)
+            adv = adv_lib.normalize(adv, ro.valid)
+        if ro.valid is not None:   # chunks of episodes lost to a dead env worker take no part
+            mask = mask & ro.valid
         return adv, ret, mask
 
     def update(self, ro: Rollout, *, iteration: int) -> dict[str, float]:
@@ -129,6 +128,7 @@ class Learner:
         flat = lambda x: x.reshape(t_len * n, *x.shape[2:])  # noqa: E731
         valid = flat(mask).nonzero(as_tuple=True)[0]
         total = valid.numel()
+        self.applied_steps = 0
         if total == 0:  # e.g. GRPO with every group all-success or all-failure: nothing to learn from
             return {"train/samples": 0.0, "train/skipped_steps": float(self.skipped_steps)}
         obs = {k: flat(v) for k, v in ro.obs.items()}
@@ -184,6 +184,7 @@ class Learner:
             if cfg.target_kl is not None and epoch_kl and sum(epoch_kl) / len(epoch_kl) > cfg.target_kl:
                 break  # KL early stop: the policy already moved far enough for this rollout
         model.eval()
+        self.applied_steps = count
         out = {k: v / max(count, 1) for k, v in sums.items()}
         out["losses/explained_variance"] = losses.explained_variance(flat(ro.values), ret)
         out["train/skipped_steps"] = float(self.skipped_steps)

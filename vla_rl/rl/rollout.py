@@ -83,6 +83,10 @@ class Rollout:
     last_values: Tensor          # [N]     V(obs after the last chunk)
     episodes: dict[str, list] = field(default_factory=dict)
     env_steps: int = 0
+    # [T, N] bool, False on the chunks of episodes lost to a dead env worker (dropped from the update);
+    # None: every chunk counts.
+    valid: Tensor | None = None
+    lost_episodes: int = 0
 
     @property
     def num_samples(self) -> int:
@@ -118,7 +122,10 @@ def _collect(actor: Actor, env, obs: dict, *, num_chunks: int, sampler: SamplerC
     obs_store: dict[str, list] = {k: [] for k in ("images", "state", "tokens", "token_mask")}
     episodes: dict[str, list] = {}
     env_steps = 0
-    for _ in range(num_chunks):
+    valid: list[Tensor] = []                       # per chunk [N]
+    episode_start = torch.zeros(env.num_envs, dtype=torch.long)   # chunk at which each env's episode began
+    lost_episodes = 0
+    for t in range(num_chunks):
         inputs = _model_inputs(actor, obs)
         prefix = model.encode_prefix(inputs)
         act = actor.act(obs, sampler, generator=generator, prefix=prefix)
@@ -147,9 +154,21 @@ def _collect(actor: Actor, env, obs: dict, *, num_chunks: int, sampler: SamplerC
         store["final_values"].append(final_values)
         for k, v in out.episodes.items():
             episodes.setdefault(k, []).extend(v.tolist())
+        valid.append(torch.ones(env.num_envs, dtype=torch.bool, device=value.device))
+        ended = out.done.cpu()
+        if out.lost is not None:   # worker envs that were restarted: their episode so far is dropped
+            lost = out.lost.cpu()
+            for i in lost.nonzero(as_tuple=True)[0].tolist():
+                lost_episodes += 1
+                for s in range(int(episode_start[i]), t + 1):
+                    valid[s][i] = False
+            store["terminated"][-1] = store["terminated"][-1] | lost.to(value.device)  # no bootstrap across
+            ended = ended | lost
+        episode_start = torch.where(ended, t + 1, episode_start)
         obs = out.obs
     last_values = model.value(model.encode_prefix(_model_inputs(actor, obs)))
     rollout = Rollout(obs={k: torch.stack(v) for k, v in obs_store.items()},
                       **{k: torch.stack(v) for k, v in store.items()}, last_values=last_values,
-                      episodes=episodes, env_steps=env_steps)
+                      episodes=episodes, env_steps=env_steps,
+                      valid=torch.stack(valid) if lost_episodes else None, lost_episodes=lost_episodes)
     return rollout, obs

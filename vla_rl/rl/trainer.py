@@ -10,10 +10,8 @@ holds: a resumed CPU run reproduces an uninterrupted one exactly.
 
 from __future__ import annotations
 
-import json
-import math
+import os
 import resource
-import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,25 +21,31 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from vla_rl.checkpoint import (
-    CheckpointError,
-    load_policy,
-    policy_files,
-    read_tensors,
-    read_yaml_file,
-    write_atomic_folder,
-)
-from vla_rl.config import ConfigError, from_dict, to_dict
+from vla_rl.checkpoint import CheckpointError, load_policy, policy_files, read_yaml_file, write_atomic_folder
+from vla_rl.config import ConfigError, check_ranges, from_dict, merge, nonneg, ranged, resolve_device, to_dict
 from vla_rl.env_factory import EnvConfig, make_env
 from vla_rl.eval.evaluate import evaluate
+from vla_rl.outputs import check_output, clear_output
 from vla_rl.policies.config import policy_preset
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.rl.learner import Learner, PPOConfig
+from vla_rl.rl.metrics_log import MetricsLog, summary_line
 from vla_rl.rl.rollout import collect_rollout, first_episode_mask
+from vla_rl.rl.state import (  # noqa: F401  (CHECKPOINT_PREFIX, latest_checkpoint: re-exported for callers)
+    CHECKPOINT_PREFIX,
+    latest_checkpoint,
+    list_checkpoints,
+    load_training_state,
+    resume_candidates,
+    save_checkpoint,
+    verify_checkpoint,
+)
 
-CHECKPOINT_PREFIX = "iter_"
+
+class TrainingError(RuntimeError):
+    """A run cannot go on (its updates stopped being finite); the message says what the newest checkpoint is."""
 
 
 @dataclass(frozen=True)
@@ -51,28 +55,30 @@ class TrainConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
     sampler: SamplerConfig = field(default_factory=lambda: SamplerConfig(num_steps=4, method="noise"))
     ppo: PPOConfig = field(default_factory=PPOConfig)
-    rollout_chunks: int = 4              # T chunk steps per env per iteration
-    execute: int = 8                     # E actions executed of each H-action chunk
-    iterations: int = 20
-    eval_every: int = 5
-    eval_episodes: int = 100
-    eval_seed: int = 10_000
+    rollout_chunks: int = ranged(4, 1)   # T chunk steps per env per iteration
+    execute: int = ranged(8, 1)          # E actions executed of each H-action chunk
+    iterations: int = nonneg(20)
+    eval_every: int = ranged(5, 1)
+    eval_episodes: int = ranged(100, 1)
+    eval_seed: int = nonneg(10_000)
     # "ode": the deterministic sampler a deployed policy uses. "train": the rollout sampler (sampler.method,
     # its noise level and sde_mode), i.e. the stochastic policy PPO optimises; RL can lift that one first.
     eval_method: Literal["ode", "train"] = "ode"
     keep_best: bool = True               # also keep checkpoints/best: the policy of the best evaluation so far
-    seed: int = 0
+    seed: int = nonneg(0)
     device: str = "cpu"
     bf16: bool = False
     out: str = "runs/train"
-    save_every: int = 5
-    keep_last: int = 2
+    save_every: int = ranged(5, 1)
+    keep_last: int = ranged(2, 1)        # newest resume checkpoints kept (checkpoints/best is extra)
+    # Stop the run (an error, exit 2 from the CLI) when this many iterations in a row had every update step
+    # skipped as non-finite: the weights no longer change, so the run would only burn time.
+    max_skipped_iterations: int = ranged(3, 1)
     tensorboard: bool = True
     progress: bool = True
 
     def __post_init__(self):
-        if self.execute < 1 or self.rollout_chunks < 1 or self.iterations < 0:
-            raise ConfigError("execute and rollout_chunks must be >= 1, iterations >= 0")
+        check_ranges(self)
         if self.eval_method not in ("ode", "train"):
             raise ConfigError(f"eval_method must be 'ode' or 'train', got {self.eval_method!r}")
 
@@ -80,7 +86,7 @@ class TrainConfig:
 ROLLOUT_SEED_BASE = 1_000_000
 
 
-def eval_env_for(cfg: TrainConfig, train_env, device: torch.device):
+def eval_env_for(cfg: TrainConfig, train_env, device: torch.device, log=print):
     """The env evaluations run on: the training env itself when ``eval_episodes >= num_envs``, else a
     separate env of ``eval_episodes`` envs.
 
@@ -91,7 +97,7 @@ def eval_env_for(cfg: TrainConfig, train_env, device: torch.device):
     smaller env, so evaluations are not padded with unused envs."""
     if cfg.eval_episodes >= train_env.num_envs:
         return train_env
-    return make_env(cfg.env, num_envs=cfg.eval_episodes, device=device, seed=cfg.seed + 1)
+    return make_env(cfg.env, num_envs=cfg.eval_episodes, device=device, seed=cfg.seed + 1, log=log)
 
 
 def rollout_seed(seed: int, iteration: int, num_envs: int) -> int:
@@ -113,13 +119,26 @@ def _peak_memory_mb(device: torch.device) -> float:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, *, run_dir: str | Path | None = None, log=print):
+    """One RL run in ``run_dir`` (default ``cfg.out``).
+
+    A fresh run refuses a ``run_dir`` that already holds something (:class:`~vla_rl.outputs.OutputExistsError`)
+    unless ``overwrite``, in which case the old contents are removed when :meth:`run` starts. ``resume_from``
+    (what :func:`resume_trainer` passes) is a training checkpoint: the policy is rebuilt from it alone (not from
+    ``cfg.init``) and the optimizer, RNG and iteration are restored."""
+
+    def __init__(self, cfg: TrainConfig, *, run_dir: str | Path | None = None, log=print, overwrite: bool = False,
+                 resume_from: str | Path | None = None):
         if cfg.sampler.method == "ode":
             raise ConfigError("sampler.method must be 'sde' or 'noise' for RL (ODE has no likelihood)")
         self.cfg, self.log = cfg, log
-        self.device = torch.device(cfg.device)
         self.run_dir = Path(run_dir or cfg.out)
-        self._tb = None
+        self.resume_from = Path(resume_from) if resume_from is not None else None
+        self._clear_on_run = False
+        if self.resume_from is None:
+            check_output(self.run_dir, overwrite=overwrite, what="run folder", resumable=True)
+            self._clear_on_run = overwrite
+        self.device = resolve_device(cfg.device)
+        self.metrics = MetricsLog(self.run_dir, tensorboard=cfg.tensorboard, log=log)
         self.env = self.eval_env = None
         try:
             self._build(cfg)
@@ -129,10 +148,12 @@ class Trainer:
             raise
 
     def _build(self, cfg: TrainConfig) -> None:
-        self.env = make_env(cfg.env, num_envs=cfg.env.num_envs, device=self.device, seed=cfg.seed)
-        self.eval_env = eval_env_for(cfg, self.env, self.device)
+        self.env = make_env(cfg.env, num_envs=cfg.env.num_envs, device=self.device, seed=cfg.seed, log=self.log)
+        self.eval_env = eval_env_for(cfg, self.env, self.device, log=self.log)
         spec = self.env.spec
-        if cfg.init:
+        if self.resume_from is not None:   # self-contained: the checkpoint's own policy config and weights
+            model, norm, _ = load_policy(self.resume_from, device=self.device)
+        elif cfg.init:
             model, norm, _ = load_policy(cfg.init, device=self.device)
         else:
             model = FlowPolicy(policy_preset(cfg.model)).to(self.device)
@@ -146,6 +167,9 @@ class Trainer:
                                execute=cfg.execute, bf16=cfg.bf16, total_iterations=cfg.iterations)
         self.iteration = 0
         self.history: list[dict] = []
+        self.skipped_in_a_row = 0
+        if self.resume_from is not None:
+            self.load(self.resume_from)
 
     def close(self) -> None:
         """Release the envs (worker processes, simulators) and the TensorBoard writer. Idempotent.
@@ -158,9 +182,7 @@ class Trainer:
         if self.env is not None:
             self.env.close()
         self.env = self.eval_env = None
-        if self._tb:
-            self._tb.close()
-        self._tb = None
+        self.metrics.close()
 
     def __enter__(self) -> Trainer:
         return self
@@ -169,7 +191,7 @@ class Trainer:
         self.close()
 
     # ------------------------------------------------------------------------------------------------
-    # Checkpoints
+    # Checkpoints (the files and their checks live in vla_rl.rl.state)
     # ------------------------------------------------------------------------------------------------
     def _policy_folder(self) -> tuple[dict, dict]:
         """The files of a policy folder for the current weights, plus this run's ``train_config.yaml`` (which
@@ -183,86 +205,45 @@ class Trainer:
 
     def save(self) -> Path:
         """Resume checkpoint: policy folder contents + optimizer + RNG + iteration (atomic)."""
-        opt = self.learner.optimizer.state_dict()
-        opt_tensors = {f"state.{pid}.{k}": v for pid, st in opt["state"].items() for k, v in st.items()
-                       if torch.is_tensor(v)}
-        groups = [{k: v for k, v in g.items()} for g in opt["param_groups"]]
-        rng = {"torch_cpu": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            rng["torch_cuda"] = torch.cuda.get_rng_state()
-        path = self.run_dir / "checkpoints" / f"{CHECKPOINT_PREFIX}{self.iteration:06d}"
-        tensors, yamls = self._policy_folder()
-        tensors.update(optimizer=opt_tensors, rng=rng)
-        yamls.update(trainer_state={"iteration": self.iteration, "skipped_steps": self.learner.skipped_steps,
-                                    "param_groups": groups})
-        write_atomic_folder(path, tensors=tensors, yamls=yamls)
-        ckpts = sorted((self.run_dir / "checkpoints").glob(f"{CHECKPOINT_PREFIX}*"))
-        for old in ckpts[: max(0, len(ckpts) - self.cfg.keep_last)]:
-            shutil.rmtree(old, ignore_errors=True)
-        return path
+        return save_checkpoint(self.run_dir, self.iteration, policy=self._policy_folder(),
+                               optimizer=self.learner.optimizer, skipped_steps=self.learner.skipped_steps,
+                               keep_last=self.cfg.keep_last)
 
     def load(self, path: Path) -> None:
         """Restore weights, optimizer, RNG and iteration from a resume checkpoint."""
-        state = read_yaml_file(path / "trainer_state.yaml")
-        model_state = read_tensors(path / "model.safetensors", device=self.device)
-        try:
-            self.actor.model.load_state_dict(model_state)
-        except RuntimeError as e:
-            raise CheckpointError(f"{path}: weights do not fit this run's policy: {e}") from None
-        opt_tensors = read_tensors(path / "optimizer.safetensors", device=self.device)
-        opt = self.learner.optimizer
-        saved_groups = state.get("param_groups", [])
-        if len(saved_groups) != len(opt.param_groups):
-            raise CheckpointError(f"{path}: optimizer has {len(saved_groups)} parameter groups, expected "
-                                  f"{len(opt.param_groups)}")
-        opt_state: dict[int, dict] = {}
-        for key, value in opt_tensors.items():
-            _, pid, name = key.split(".", 2)
-            opt_state.setdefault(int(pid), {})[name] = value
-        try:
-            opt.load_state_dict({"state": opt_state, "param_groups": saved_groups})
-        except (ValueError, KeyError) as e:
-            raise CheckpointError(f"{path}: optimizer state does not fit: {e}") from None
-        rng = read_tensors(path / "rng.safetensors")
-        torch.set_rng_state(rng["torch_cpu"])
-        if "torch_cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state(rng["torch_cuda"])
-        self.iteration = int(state["iteration"])
-        self.learner.skipped_steps = int(state.get("skipped_steps", 0))
+        state = load_training_state(path, model=self.actor.model, optimizer=self.learner.optimizer,
+                                    device=self.device)
+        self.iteration = state["iteration"]
+        self.learner.skipped_steps = state["skipped_steps"]
+
+    def _newest_checkpoint_text(self) -> str:
+        ckpts = list_checkpoints(self.run_dir)
+        return f"the newest checkpoint is {ckpts[-1]}" if ckpts else "no checkpoint was saved"
+
+    def _update_problem(self, m: dict) -> str | None:
+        """Why the run cannot go on after this iteration's update, or None: weights that became NaN / inf, or
+        ``max_skipped_iterations`` iterations in a row whose every update step was skipped as non-finite."""
+        bad = [n for n, p in self.actor.model.named_parameters() if not bool(torch.isfinite(p).all())]
+        if bad:
+            return (f"the update of iteration {self.iteration} made the weights non-finite "
+                    f"({', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}); nothing of it was saved and "
+                    f"{self._newest_checkpoint_text()}. Lower ppo.lr_actor / ppo.lr_critic.")
+        all_skipped = m.get("train/samples", 0) > 0 and self.learner.applied_steps == 0
+        self.skipped_in_a_row = self.skipped_in_a_row + 1 if all_skipped else 0
+        if self.skipped_in_a_row >= self.cfg.max_skipped_iterations:
+            first = self.iteration - self.skipped_in_a_row + 1
+            return (f"iterations {first}-{self.iteration}: every update step had a non-finite loss or gradient "
+                    f"and was skipped ({self.skipped_in_a_row} iterations in a row, max_skipped_iterations="
+                    f"{self.cfg.max_skipped_iterations}); the weights have not changed since iteration {first - 1} "
+                    f"and {self._newest_checkpoint_text()}. Check the rewards; lower ppo.lr_actor / ppo.lr_critic.")
+        return None
 
     # ------------------------------------------------------------------------------------------------
     # Logging
     # ------------------------------------------------------------------------------------------------
     def _record(self, metrics: dict) -> None:
         self.history.append(metrics)
-        with open(self.run_dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(metrics) + "\n")
-        if self.cfg.tensorboard:
-            if self._tb is None:
-                try:
-                    from torch.utils.tensorboard import SummaryWriter
-
-                    self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
-                except ImportError:
-                    self.log("tensorboard is not installed; logging to metrics.jsonl only")
-                    self._tb = False
-            if self._tb:
-                step = int(metrics.get("time/env_steps", 0))
-                for k, v in metrics.items():
-                    if isinstance(v, (int, float)) and "/" in k and math.isfinite(v):
-                        self._tb.add_scalar(k, v, step)
-                self._tb.flush()
-
-    def _summary(self, m: dict) -> str:
-        parts = [f"iter {m['iteration']:>4}"]
-        for key, label in [("rollout/success_once", "succ"), ("rollout/success_first", "succ1"),
-                           ("rollout/return", "ret"),
-                           ("eval/success_once", "EVAL"), ("losses/policy", "pg"), ("losses/value", "vf"),
-                           ("losses/approx_kl", "kl"), ("losses/clipfrac", "clip"),
-                           ("time/env_steps_per_s", "sps"), ("time/peak_memory_mb", "MB")]:
-            if key in m and m[key] is not None:
-                parts.append(f"{label} {m[key]:.3g}")
-        return " | ".join(parts)
+        self.metrics.record(metrics)
 
     def evaluate(self) -> dict[str, float]:
         sampler = self.cfg.sampler if self.cfg.eval_method == "train" else replace(self.cfg.sampler, method="ode")
@@ -293,6 +274,18 @@ class Trainer:
         write_atomic_folder(self.run_dir / "checkpoints" / "best", tensors=tensors, yamls=yamls)
         return m
 
+    def _start_run_dir(self) -> None:
+        """A fresh run with ``overwrite`` removes the old contents now (not at construction: a run that failed
+        to build loses nothing); every run (re)writes ``config.yaml`` atomically."""
+        if self._clear_on_run:
+            clear_output(self.run_dir)
+            self._clear_on_run = False
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.run_dir / ".config.yaml.tmp"
+        with open(tmp, "w") as f:
+            yaml.safe_dump(to_dict(self.cfg), f, sort_keys=False)
+        os.replace(tmp, self.run_dir / "config.yaml")
+
     # ------------------------------------------------------------------------------------------------
     # The loop
     # ------------------------------------------------------------------------------------------------
@@ -300,9 +293,7 @@ class Trainer:
         if self.env is None:
             raise RuntimeError("this trainer was closed (its envs are gone); make a new one or resume_trainer()")
         cfg = self.cfg
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.run_dir / "config.yaml", "w") as f:
-            yaml.safe_dump(to_dict(cfg), f, sort_keys=False)
+        self._start_run_dir()
         env_steps = sum(int(h.get("time/env_steps_iter", 0)) for h in self.history)
         if self.iteration == 0 and not self.history:
             m = {"iteration": 0, "time/env_steps": 0, **self._evaluate_and_keep_best()}
@@ -335,7 +326,13 @@ class Trainer:
                 m["rollout/success_first"] = sum(first) / len(first)
                 m["rollout/first_episodes"] = len(first)
             m["rollout/chunk_reward"] = float(ro.rewards.mean())
+            if ro.lost_episodes:
+                m["rollout/lost_episodes"] = ro.lost_episodes
             m.update(metrics)
+            problem = self._update_problem(m)
+            if problem:   # the iteration's metrics are kept for the diagnosis; nothing of it is saved
+                self._record(m)
+                raise TrainingError(problem)
             if self.iteration % cfg.eval_every == 0 or self.iteration == cfg.iterations:
                 m.update(self._evaluate_and_keep_best())
             dt = time.perf_counter() - t0
@@ -343,40 +340,37 @@ class Trainer:
             m["time/iteration_s"] = dt
             m["time/peak_memory_mb"] = _peak_memory_mb(self.device)
             self._record(m)
-            self.log(self._summary(m))
+            self.log(summary_line(m))
             if self.iteration % cfg.save_every == 0 or self.iteration == cfg.iterations:
                 self.save()
-        if self._tb:
-            self._tb.flush()
         return self.history
 
 
-def latest_checkpoint(run_dir: Path) -> Path:
-    ckpts = sorted((run_dir / "checkpoints").glob(f"{CHECKPOINT_PREFIX}*"))
-    if not ckpts:
-        raise CheckpointError(f"no checkpoints under {run_dir / 'checkpoints'} to resume from")
-    return ckpts[-1]
-
-
 def resume_trainer(run_dir: str | Path, *, overrides: dict | None = None, log=print) -> Trainer:
-    """A trainer that continues ``run_dir`` from its newest checkpoint (``overrides`` may e.g. raise
-    ``iterations``). Metrics logged after that checkpoint are dropped and recomputed."""
-    run_dir = Path(run_dir)
-    ckpt = latest_checkpoint(run_dir)
-    from vla_rl.config import merge
+    """A trainer that continues ``run_dir`` from its newest intact checkpoint (``overrides`` may e.g. raise
+    ``iterations``). Metrics logged after that checkpoint are dropped and recomputed.
 
-    raw = merge(read_yaml_file(ckpt / "train_config.yaml"), overrides or {})
-    cfg = from_dict(TrainConfig, raw)
-    trainer = Trainer(cfg, run_dir=run_dir, log=log)
-    try:
-        trainer.load(ckpt)
-    except BaseException:
-        trainer.close()
-        raise
-    metrics_path = run_dir / "metrics.jsonl"
-    if metrics_path.exists():
-        kept = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-        kept = [m for m in kept if m["iteration"] <= trainer.iteration]
-        metrics_path.write_text("".join(json.dumps(m) + "\n" for m in kept))
-        trainer.history = kept
-    return trainer
+    The run folder is all it needs: the policy comes from the checkpoint itself, so it resumes from any
+    directory and without the ``init`` folder it started from. Leftovers of an interrupted save are tidied;
+    a newest checkpoint that is unreadable is reported and the one before it is used."""
+    run_dir = Path(run_dir)
+    problems = []
+    for ckpt in resume_candidates(run_dir, log=log):
+        try:
+            verify_checkpoint(ckpt)
+            cfg = from_dict(TrainConfig, merge(read_yaml_file(ckpt / "train_config.yaml"), overrides or {}))
+            trainer = Trainer(cfg, run_dir=run_dir, log=log, resume_from=ckpt)
+        except CheckpointError as e:
+            problems.append(f"{ckpt.name}: {e}")
+            log(f"checkpoint {ckpt} is unusable ({e}); trying the one before it")
+            continue
+        if problems:
+            log(f"resuming from {ckpt}, the newest intact checkpoint")
+        try:
+            trainer.history = trainer.metrics.truncate(trainer.iteration)
+        except BaseException:
+            trainer.close()
+            raise
+        return trainer
+    raise CheckpointError(f"no intact checkpoint under {run_dir / 'checkpoints'} to resume from: "
+                          + "; ".join(problems))

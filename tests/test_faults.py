@@ -1,0 +1,891 @@
+"""Fault injection: what a user does by mistake, or what the machine does to a run, never loses saved work
+and never ends in a traceback.
+
+One section per class of fault: config values out of range, reused output folders, non-finite weights,
+self-contained resume, clean command-line errors, checkpoint / metrics damage, kill -9 and resume, dead env
+workers, bad ManiSkill demonstrations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import json
+import math
+import os
+import pkgutil
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import typing
+from pathlib import Path
+
+import pytest
+import torch
+
+import vla_rl
+from vla_rl.checkpoint import CheckpointError, NonFiniteError, read_tensors, save_policy
+from vla_rl.cli import main as cli_main
+from vla_rl.config import ConfigError, describe_range, from_dict
+from vla_rl.outputs import OutputExistsError
+
+# ----------------------------------------------------------------------------------------------------
+# 1. Every numeric field of every config declares its range, and a value outside it is refused at build
+# ----------------------------------------------------------------------------------------------------
+SKIP_MODULES = ("vla_rl.cli",)
+
+
+def module_names() -> list[str]:
+    """Every module of vla_rl and its rooms, envs/ and policies/ included. (Not walk_packages over
+    ``vla_rl.__path__``: in a checkout that path holds the repository root too, which would recurse.)"""
+    own = [vla_rl.__path__[0]]
+    names = [f"vla_rl.{m.name}" for m in pkgutil.iter_modules(own)] + ["vla_rl.envs", "vla_rl.policies"]
+    for pkg in [n for n in names if importlib.import_module(n).__spec__.submodule_search_locations]:
+        names += [f"{pkg}.{m.name}" for m in pkgutil.iter_modules(importlib.import_module(pkg).__path__)]
+    return sorted(n for n in names if n not in SKIP_MODULES)
+
+
+def config_classes() -> list[type]:
+    """Every dataclass named ``*Config`` defined in vla_rl (envs/ and policies/ included)."""
+    found = {}
+    for name in module_names():
+        module = importlib.import_module(name)
+        for obj in vars(module).values():
+            if (isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__name__.endswith("Config")
+                    and obj.__module__ == module.__name__):
+                found[f"{obj.__module__}.{obj.__qualname__}"] = obj
+    return [found[k] for k in sorted(found)]
+
+
+def numeric_arms(tp) -> set[type]:
+    """The int / float types a field's annotation admits (``int | None`` -> {int})."""
+    if tp in (int, float):
+        return {tp}
+    if typing.get_origin(tp) in (typing.Union, __import__("types").UnionType):
+        return {a for a in typing.get_args(tp) if a in (int, float)}
+    return set()
+
+
+def numeric_fields(cls) -> list[tuple[dataclasses.Field, set[type]]]:
+    hints = typing.get_type_hints(cls)
+    return [(f, numeric_arms(hints[f.name])) for f in dataclasses.fields(cls) if numeric_arms(hints[f.name])]
+
+
+CONFIGS = config_classes()
+
+
+def test_the_walk_finds_the_configs_of_every_room():
+    names = {c.__name__ for c in CONFIGS}
+    assert {"TrainConfig", "PPOConfig", "SamplerConfig", "SFTConfig", "SFTRunConfig", "CollectConfig",
+            "EvalConfig", "BenchConfig", "DemoConfig", "ColorReachConfig", "ManiSkillConfig",
+            "LiberoConfig", "LiberoRecordConfig", "PolicyConfig", "VisionConfig", "StreamConfig",
+            "EnvConfig", "LogProbConfig"} <= names
+
+
+@pytest.mark.parametrize("cls", CONFIGS, ids=lambda c: c.__name__)
+def test_every_numeric_field_declares_its_range(cls):
+    missing = [f.name for f, _ in numeric_fields(cls) if "range" not in f.metadata]
+    assert not missing, f"{cls.__name__}: numeric fields without a declared range: {missing}"
+
+
+def bad_values(spec: tuple, arms: set[type]) -> list:
+    """Values just outside a declared range, and the non-finite floats."""
+    lo, hi, lo_open, hi_open = (tuple(spec) + (False, False))[:4]
+    step = 1 if arms == {int} else 0.5
+    out = []
+    if lo is not None:
+        out.append(lo if lo_open else lo - step)
+    if hi is not None:
+        out.append(hi if hi_open else hi + step)
+    if float in arms:
+        out += [math.nan, math.inf, -math.inf]
+    if arms == {int}:
+        out = [int(v) for v in out]
+    return out
+
+
+CASES = [(cls, f.name, v, f.metadata["range"]) for cls in CONFIGS for f, arms in numeric_fields(cls)
+         if "range" in f.metadata for v in bad_values(f.metadata["range"], arms)]
+
+
+@pytest.mark.parametrize("cls,name,value,spec", CASES,
+                         ids=[f"{c.__name__}.{n}={v}" for c, n, v, _ in CASES])
+def test_a_value_outside_the_range_is_refused_naming_field_value_and_range(cls, name, value, spec):
+    with pytest.raises(ConfigError) as err:
+        from_dict(cls, {name: value})
+    msg = str(err.value)
+    assert name in msg and repr(value) in msg, msg
+    if not (isinstance(value, float) and not math.isfinite(value)):
+        assert describe_range(spec) in msg, msg
+
+
+def test_range_errors_carry_the_key_path_of_nested_configs():
+    from vla_rl.rl.trainer import TrainConfig
+
+    for over, want in [({"ppo": {"clip": -0.1}}, "ppo.clip = -0.1 is outside its valid range (0, inf)"),
+                       ({"ppo": {"gamma": 5.0}}, "ppo.gamma = 5.0 is outside its valid range [0, 1]"),
+                       ({"ppo": {"lam": -1.0}}, "ppo.lam = -1.0 is outside its valid range [0, 1]"),
+                       ({"ppo": {"lr_actor": "nan"}}, "ppo.lr_actor = nan is not a finite number"),
+                       ({"ppo": {"lr_critic": float("inf")}}, "ppo.lr_critic = inf is not a finite number"),
+                       ({"keep_last": 0}, "keep_last = 0 is outside its valid range [1, inf)"),
+                       ({"sampler": {"num_steps": 0}}, "sampler.num_steps = 0 is outside"),
+                       ({"env": {"builtin": {"step_size": 0.0}}}, "env.builtin.step_size = 0.0 is outside")]:
+        with pytest.raises(ConfigError, match=None) as err:
+            from_dict(TrainConfig, over)
+        assert want in str(err.value), (want, str(err.value))
+
+
+def test_cli_refuses_bad_numbers_before_any_work(tmp_path, capsys):
+    """The values that used to crash only after an iteration's work now stop the command at once: exit 2, one
+    line naming the field, and no run folder."""
+    for over in ["eval_every=0", "save_every=0", "ppo.minibatches=0", "eval_episodes=0", "sampler.num_steps=0",
+                 "keep_last=0", "ppo.clip=-0.1", "ppo.gamma=5", "ppo.lam=-1", "ppo.lr_actor=nan", "ppo.lr_actor=1e30",
+                 "ppo.lr_critic=.inf"]:
+        out = tmp_path / over.replace("=", "_")
+        assert cli_main(["train", "builtin_flow_noise", f"out={out}", over]) == 2, over
+        err = capsys.readouterr().err
+        assert err.startswith("vla-rl: config error: ") and err.count("\n") == 1, err
+        assert over.split("=")[0] in err and not out.exists()
+    for over in ["steps=0", "batch_size=0"]:
+        assert cli_main(["sft", str(tmp_path / "no-dataset"), over, f"out={tmp_path / 'sft'}"]) == 2
+        assert f"{over.split('=')[0]} = 0 is outside its valid range" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------------
+# Shared fixtures: a small SFT policy on the built-in task and a short training config
+# ----------------------------------------------------------------------------------------------------
+SMALL = {"depth": 1, "vision": {"depth": 1}, "prefix": {"width": 32, "mlp_dim": 64},
+         "expert": {"width": 32, "mlp_dim": 64}, "value_hidden": 32}
+ROOT = Path(__file__).resolve().parent.parent
+QUIET = lambda *_: None  # noqa: E731
+
+
+@pytest.fixture(scope="module")
+def sft(tmp_path_factory) -> Path:
+    from vla_rl.data.collect import collect_builtin_demos
+    from vla_rl.policies.config import policy_preset
+    from vla_rl.policies.model import FlowPolicy
+    from vla_rl.policies.normalize import NormStats, Stats
+    from vla_rl.rl.actor import Actor
+    from vla_rl.sft import SFTConfig, train_sft
+
+    torch.manual_seed(0)
+    data = collect_builtin_demos(4, seed=0)
+    norm = NormStats(Stats.of(data.state), Stats.of(data.action))
+    actor = Actor(FlowPolicy(policy_preset("tiny", SMALL)), norm, env_state_dim=4, env_action_dim=2)
+    train_sft(actor, data, SFTConfig(steps=10, batch_size=16), progress=False)
+    return save_policy(tmp_path_factory.mktemp("sft") / "policy", actor.model, actor.norm)
+
+
+def overrides(init, out, iterations=2, **more) -> list[str]:
+    """``vla-rl train builtin_flow_noise`` overrides of a short run (8 envs, 2 chunks, a checkpoint each
+    iteration)."""
+    base = {"init": str(init), "out": str(out), "env.num_envs": 8, "env.builtin.max_episode_steps": 16,
+            "rollout_chunks": 2, "iterations": iterations, "eval_every": 1, "eval_episodes": 8, "save_every": 1,
+            "keep_last": 5, "tensorboard": "false", "ppo.update_epochs": 1, "ppo.minibatches": 2}
+    base.update(more)
+    return [f"{k}={v}" for k, v in base.items()]
+
+
+def train_config(init, out, iterations=2, **more):
+    from vla_rl.config import merge, parse_overrides
+    from vla_rl.rl.trainer import TrainConfig
+
+    return from_dict(TrainConfig, merge({**parse_overrides(overrides(init, out, iterations)), "progress": False},
+                                        more))
+
+
+def stripped(history: list[dict]) -> list[dict]:
+    """Metrics without the wall-clock ones (time/env_steps counts steps, it stays)."""
+    return [{k: v for k, v in h.items() if not k.startswith("time/") or k == "time/env_steps"} for h in history]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def one_error_line(capsys, kind: str) -> str:
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("vla-rl: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"vla-rl: {kind} error: "), err
+    return lines[0]
+
+
+# ----------------------------------------------------------------------------------------------------
+# 2. A reused output is refused (exit 2, before any work); --overwrite starts over
+# ----------------------------------------------------------------------------------------------------
+def test_train_into_a_run_folder_is_refused_and_overwrite_starts_over(sft, tmp_path, capsys):
+    from vla_rl.rl.trainer import Trainer
+
+    run = tmp_path / "run"
+    assert cli_main(["train", "builtin_flow_noise", *overrides(sft, run, iterations=1), "--no-progress"]) == 0
+    capsys.readouterr()
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert cli_main(["train", "builtin_flow_noise", *overrides(sft, run, iterations=1), "--no-progress"]) == 2
+    line = one_error_line(capsys, "output")
+    assert f"--resume {run}" in line and "--overwrite" in line and "out=" in line
+    assert {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()} == before  # untouched
+    with pytest.raises(OutputExistsError):
+        Trainer(train_config(sft, run), log=QUIET)
+    (run / "stray.txt").write_text("from the old run")
+    assert cli_main(["train", "builtin_flow_noise", *overrides(sft, run, iterations=1), "--no-progress",
+                     "--overwrite"]) == 0
+    assert not (run / "stray.txt").exists()
+    assert [m["iteration"] for m in read_jsonl(run / "metrics.jsonl")] == [0, 1]   # the new run's lines only
+
+
+def test_every_writing_command_refuses_an_occupied_output_before_any_work(tmp_path, capsys):
+    """The inputs here do not even exist: the refusal comes first."""
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "keep.txt").write_text("precious")
+    result = tmp_path / "result.json"
+    result.write_text("{}")
+    missing = str(tmp_path / "missing")
+    for argv in (["sft", missing, f"out={taken}"], ["collect", "builtin", str(taken)],
+                 ["collect", "maniskill", str(taken)], ["collect", "libero", str(taken)],
+                 ["eval", missing, f"out={result}"], ["demo", f"out={taken}"]):
+        assert cli_main(argv) == 2, argv
+        line = one_error_line(capsys, "output")
+        assert "--overwrite" in line, line
+    assert (taken / "keep.txt").read_text() == "precious" and result.read_text() == "{}"
+    assert cli_main(["collect", "builtin", str(taken), "episodes=2", "num_envs=2", "--overwrite"]) == 0
+    assert not (taken / "keep.txt").exists() and (taken / "meta" / "info.json").is_file()
+
+
+def test_keep_last_never_deletes_the_checkpoint_just_saved_nor_later_ones(tmp_path):
+    from vla_rl.rl.state import checkpoint_path, list_checkpoints, prune
+
+    for it in (1, 2, 3, 7, 12):
+        checkpoint_path(tmp_path, it).mkdir(parents=True)
+    (tmp_path / "checkpoints" / "best").mkdir()
+    prune(tmp_path, checkpoint_path(tmp_path, 3), keep_last=2)   # a run resumed at 3; 7 and 12 are later
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["iter_000002", "iter_000003", "iter_000007",
+                                                            "iter_000012"]
+    assert (tmp_path / "checkpoints" / "best").is_dir()
+
+
+# ----------------------------------------------------------------------------------------------------
+# 3. A non-finite model is never written; a run whose updates are all skipped stops with an error
+# ----------------------------------------------------------------------------------------------------
+def test_non_finite_tensors_are_never_written_and_the_old_folder_stays(tmp_path):
+    from vla_rl.checkpoint import write_atomic_folder
+
+    path = write_atomic_folder(tmp_path / "ckpt", tensors={"model": {"w": torch.ones(3)}}, yamls={"config": {"a": 1}})
+    before = (path / "model.safetensors").read_bytes()
+    for bad in (float("nan"), float("inf"), 1e39):   # 1e39 overflows float32 to inf
+        with pytest.raises(NonFiniteError, match=r"model.safetensors would hold NaN or inf in w"):
+            write_atomic_folder(path, tensors={"model": {"w": torch.tensor([1.0, bad, 2.0])}}, yamls={})
+    assert (path / "model.safetensors").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]   # no temporary folder left behind
+
+
+def test_weights_made_non_finite_stop_the_run_and_the_last_good_checkpoint_stays_newest(sft, tmp_path, monkeypatch,
+                                                                                         capsys):
+    from vla_rl.rl import learner as learner_mod
+    from vla_rl.rl.state import list_checkpoints, verify_checkpoint
+
+    real = learner_mod.Learner.update
+
+    def poisoned(self, ro, *, iteration):
+        out = real(self, ro, iteration=iteration)
+        if iteration == 1:   # the second update "diverges"
+            with torch.no_grad():
+                next(self.actor.model.parameters()).fill_(float("nan"))
+        return out
+
+    monkeypatch.setattr(learner_mod.Learner, "update", poisoned)
+    run = tmp_path / "run"
+    assert cli_main(["train", "builtin_flow_noise", *overrides(sft, run, iterations=3), "--no-progress"]) == 2
+    line = one_error_line(capsys, "training")
+    assert "made the weights non-finite" in line and "iter_000001" in line
+    assert [p.name for p in list_checkpoints(run)] == ["iter_000001"]
+    verify_checkpoint(list_checkpoints(run)[0])
+    for folder in (run / "checkpoints" / "iter_000001", run / "checkpoints" / "best"):
+        assert all(bool(torch.isfinite(t).all()) for t in read_tensors(folder / "model.safetensors").values())
+    assert read_jsonl(run / "metrics.jsonl")[-1]["iteration"] == 2   # the failing iteration's metrics are kept
+
+
+def test_a_run_whose_updates_are_all_skipped_stops_with_an_error(sft, tmp_path, monkeypatch, capsys):
+    from vla_rl.rl import losses
+
+    real = losses.ppo_policy_loss
+
+    def nan_loss(**kw):
+        loss, m = real(**kw)
+        return loss * float("nan"), m
+
+    monkeypatch.setattr(losses, "ppo_policy_loss", nan_loss)
+    run = tmp_path / "run"
+    argv = ["train", "builtin_flow_noise", *overrides(sft, run, iterations=5), "max_skipped_iterations=2",
+            "--no-progress"]
+    assert cli_main(argv) == 2
+    line = one_error_line(capsys, "training")
+    assert "iterations 1-2: every update step had a non-finite loss or gradient and was skipped" in line
+    history = read_jsonl(run / "metrics.jsonl")
+    assert [h["iteration"] for h in history] == [0, 1, 2] and history[-1]["train/skipped_steps"] == 4
+
+
+# ----------------------------------------------------------------------------------------------------
+# 4. Resume is self-contained: from another directory, after the init folder is gone, bit-identical
+# ----------------------------------------------------------------------------------------------------
+def test_resume_from_another_directory_without_the_init_folder_matches_the_uninterrupted_run(sft, tmp_path,
+                                                                                            monkeypatch):
+    from vla_rl.rl.trainer import Trainer, resume_trainer
+
+    init = tmp_path / "init"
+    shutil.copytree(sft, init)
+    full = Trainer(train_config(init, tmp_path / "full", iterations=3), log=QUIET).run()
+    with Trainer(train_config(init, tmp_path / "part", iterations=1), log=QUIET) as part:
+        part.run()
+    shutil.rmtree(init)                                  # the SFT folder the run started from is gone
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)                         # and the resume runs from another directory
+    with resume_trainer(os.path.relpath(tmp_path / "part"), overrides={"iterations": 3}, log=QUIET) as resumed:
+        assert resumed.iteration == 1
+        history = resumed.run()
+    assert stripped(history) == stripped(full)
+    assert stripped(read_jsonl(tmp_path / "part" / "metrics.jsonl")) == stripped(full)
+
+
+# ----------------------------------------------------------------------------------------------------
+# 5. One-line errors, exit 2; --debug / VLA_RL_DEBUG=1 show the traceback
+# ----------------------------------------------------------------------------------------------------
+def test_malformed_yaml_file_and_override_are_one_line_config_errors(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("ppo: {lr_actor: 1e-4\nenv: [\n")
+    assert cli_main(["train", str(bad)]) == 2
+    assert "is not valid YAML" in one_error_line(capsys, "config")
+    assert cli_main(["train", "builtin_flow_noise", "ppo.lr_actor=[1,"]) == 2
+    assert "override 'ppo.lr_actor=[1,': the value is not valid YAML" in one_error_line(capsys, "config")
+    assert cli_main(["train", "builtin_flow_noise", "--resume", str(tmp_path)]) == 2
+    assert "not both" in one_error_line(capsys, "config")
+
+
+def test_debug_flag_and_env_variable_show_the_traceback(tmp_path, monkeypatch, capsys):
+    from vla_rl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="ppo.clip"):
+        cli_main(["train", "builtin_flow_noise", "ppo.clip=-1", "--debug"])
+    monkeypatch.setenv("VLA_RL_DEBUG", "1")
+    with pytest.raises(ConfigError, match="ppo.clip"):
+        cli_main(["train", "builtin_flow_noise", "ppo.clip=-1"])
+    monkeypatch.setenv("VLA_RL_DEBUG", "0")
+    assert cli_main(["train", "builtin_flow_noise", "ppo.clip=-1"]) == 2
+    one_error_line(capsys, "config")
+
+
+def test_a_bug_is_one_line_with_exit_1_and_points_at_debug(tmp_path, monkeypatch, capsys):
+    import vla_rl.data.collect as collect
+
+    monkeypatch.setattr(collect, "collect_dataset", lambda *a, **k: 1 / 0)
+    assert cli_main(["collect", "builtin", str(tmp_path / "x")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("vla-rl: internal error: ZeroDivisionError") and "--debug" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_empty_dataset_and_missing_cuda_are_one_line_errors(tmp_path, capsys):
+    import pyarrow.parquet as pq
+
+    from vla_rl.data.collect import collect_builtin_demos
+    from vla_rl.data.lerobot import write_lerobot_dataset
+
+    ds = write_lerobot_dataset(tmp_path / "ds", collect_builtin_demos(1), fps=10, camera_names=["top"])
+    for f in [*(ds / "data").rglob("*.parquet"), *(ds / "meta" / "episodes").rglob("*.parquet")]:
+        pq.write_table(pq.read_table(f).slice(0, 0), f)
+    assert cli_main(["sft", str(ds), f"out={tmp_path / 'sft'}"]) == 2
+    assert "holds no frames" in one_error_line(capsys, "dataset")
+    if not torch.cuda.is_available():
+        assert cli_main(["train", "builtin_flow_noise", "device=cuda", f"out={tmp_path / 'r'}"]) == 2
+        assert "CUDA is not available" in one_error_line(capsys, "config")
+        assert not (tmp_path / "r").exists()
+    assert cli_main(["train", "builtin_flow_noise", "device=tpu:0", f"out={tmp_path / 'r'}"]) == 2
+    assert "device" in one_error_line(capsys, "config")
+
+
+def test_a_dead_env_worker_gives_advice_a_cli_user_can_follow(sft, tmp_path, monkeypatch, capsys):
+    from vla_rl.envs.workers import WorkerError
+    from vla_rl.rl import trainer as trainer_mod
+
+    def die(self):
+        raise WorkerError(0, "maniskill-PickCube worker 0 (envs 0-7) died: killed by signal SIGKILL")
+
+    monkeypatch.setattr(trainer_mod.Trainer, "run", die)
+    assert cli_main(["train", "builtin_flow_noise", *overrides(sft, tmp_path / "run")]) == 2
+    line = one_error_line(capsys, "env")
+    assert "killed by signal SIGKILL" in line and "env.restart_dead_workers=" in line and "--resume" in line
+    assert "restart(" not in line
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint_and_is_one_line(sft, tmp_path, monkeypatch, capsys):
+    import errno
+
+    import vla_rl.checkpoint as ckpt_mod
+    from vla_rl.rl.state import list_checkpoints, verify_checkpoint
+
+    real, calls = ckpt_mod.save_file, []
+
+    def save_file(tensors, path, *a, **k):
+        calls.append(path)
+        if "iter_000002" in path and path.endswith("optimizer.safetensors"):   # half-way through the 2nd save
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return real(tensors, path, *a, **k)
+
+    monkeypatch.setattr(ckpt_mod, "save_file", save_file)
+    run = tmp_path / "run"
+    assert cli_main(["train", "builtin_flow_noise", *overrides(sft, run, iterations=3), "--no-progress"]) == 2
+    line = one_error_line(capsys, "checkpoint")
+    assert "could not write" in line and "No space left on device" in line and "iter_000002" in line
+    assert [p.name for p in list_checkpoints(run)] == ["iter_000001"]
+    verify_checkpoint(run / "checkpoints" / "iter_000001")
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]   # no temporary folder
+    monkeypatch.setattr(ckpt_mod, "save_file", real)                  # the disk has room again: resume
+    assert cli_main(["train", "--resume", str(run), "--no-progress"]) == 0
+    assert [m["iteration"] for m in read_jsonl(run / "metrics.jsonl")] == [0, 1, 2, 3]
+
+
+# ----------------------------------------------------------------------------------------------------
+# 6. Damaged checkpoints and metrics: fall back to the newest intact checkpoint, say so, tidy up
+# ----------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def finished_run(sft, tmp_path_factory) -> Path:
+    """A 2-iteration run with both checkpoints kept (copied by each test that damages it)."""
+    from vla_rl.rl.trainer import Trainer
+
+    run = tmp_path_factory.mktemp("finished") / "run"
+    with Trainer(train_config(sft, run, iterations=2), log=QUIET) as t:
+        t.run()
+    return run
+
+
+def damaged(finished_run, tmp_path) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    return run
+
+
+@pytest.mark.parametrize("damage", ["trainer_state_junk", "trainer_state_no_iteration", "rng_wrong_dtype",
+                                    "optimizer_bad_key", "model_truncated", "file_missing"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_and_says_so(finished_run, tmp_path, damage):
+    from safetensors.torch import save_file
+
+    from vla_rl.rl.trainer import resume_trainer
+
+    run = damaged(finished_run, tmp_path)
+    newest = run / "checkpoints" / "iter_000002"
+    if damage == "trainer_state_junk":
+        (newest / "trainer_state.yaml").write_text("iteration: [2\n")
+    elif damage == "trainer_state_no_iteration":
+        (newest / "trainer_state.yaml").write_text("skipped_steps: 0\n")
+    elif damage == "rng_wrong_dtype":
+        save_file({"torch_cpu": torch.zeros(5056)}, str(newest / "rng.safetensors"))
+    elif damage == "optimizer_bad_key":
+        save_file({"bogus": torch.zeros(2)}, str(newest / "optimizer.safetensors"))
+    elif damage == "model_truncated":
+        data = (newest / "model.safetensors").read_bytes()
+        (newest / "model.safetensors").write_bytes(data[: len(data) // 2])
+    else:
+        (newest / "norm_stats.safetensors").unlink()
+    said = []
+    with resume_trainer(run, log=said.append) as trainer:
+        assert trainer.iteration == 1
+    assert any("iter_000002 is unusable" in s for s in said) and any("resuming from" in s for s in said), said
+
+
+def test_with_no_intact_checkpoint_resume_is_a_one_line_error_naming_each(finished_run, tmp_path, capsys):
+    run = damaged(finished_run, tmp_path)
+    for ckpt in ("iter_000001", "iter_000002"):
+        (run / "checkpoints" / ckpt / "rng.safetensors").write_bytes(b"junk")
+    assert cli_main(["train", "--resume", str(run)]) == 2
+    line = one_error_line(capsys, "checkpoint")
+    assert "no intact checkpoint" in line and "iter_000001" in line and "iter_000002" in line
+
+
+def test_a_torn_last_metrics_line_does_not_block_resume(finished_run, tmp_path):
+    from vla_rl.rl.trainer import resume_trainer
+
+    run = damaged(finished_run, tmp_path)
+    good = read_jsonl(run / "metrics.jsonl")
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"iteration": 3, "losses/pol')       # a kill while the line was written
+    said = []
+    with resume_trainer(run, overrides={"iterations": 3}, log=said.append) as trainer:
+        assert trainer.history == good
+        trainer.run()
+    assert [m["iteration"] for m in read_jsonl(run / "metrics.jsonl")] == [0, 1, 2, 3]
+    assert any("torn last line" in s for s in said)
+    (run / "metrics.jsonl").write_text('{"iteration": 0}\nnot json\n{"iteration": 1}\n')   # damage elsewhere
+    with pytest.raises(CheckpointError, match="metrics.jsonl line 2 is not a metrics record"):
+        resume_trainer(run, log=QUIET)
+
+
+def test_leftovers_of_an_interrupted_save_are_tidied_on_resume(finished_run, tmp_path):
+    from vla_rl.rl.trainer import resume_trainer
+
+    run = damaged(finished_run, tmp_path)
+    ckpts = run / "checkpoints"
+    (ckpts / ".iter_000003.tmp-k1ll").mkdir()                    # killed while writing iteration 3
+    (ckpts / ".iter_000003.tmp-k1ll" / "model.safetensors").write_bytes(b"half")
+    os.replace(ckpts / "best", ckpts / ".best.old-4242")         # killed between the two renames of best/
+    said = []
+    with resume_trainer(run, log=said.append):
+        pass
+    assert sorted(p.name for p in ckpts.iterdir()) == ["best", "iter_000001", "iter_000002"]
+    assert any("restored best" in s for s in said) and any("removed the unfinished" in s for s in said)
+
+
+def test_eval_of_a_run_folder_evaluates_its_newest_checkpoint(finished_run, capsys):
+    assert cli_main(["eval", str(finished_run), "episodes=2", "num_envs=2"]) == 0
+    out = capsys.readouterr().out
+    assert "evaluating its newest checkpoint" in out and "iter_000002" in out and "format_version" not in out
+
+
+# ----------------------------------------------------------------------------------------------------
+# 7. kill -9 at any moment, then --resume: the metrics equal an uninterrupted run's
+# ----------------------------------------------------------------------------------------------------
+KILL_IN_SAVE = """
+import os, signal, sys
+import vla_rl.checkpoint as ckpt
+real = ckpt.save_file
+def save_file(tensors, path, *a, **k):
+    if "iter_000002" in path and path.endswith("optimizer.safetensors"):
+        os.kill(os.getpid(), signal.SIGKILL)   # half-way through writing the second checkpoint
+    return real(tensors, path, *a, **k)
+ckpt.save_file = save_file
+from vla_rl.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def cli_process(args: list[str], script: str | None = None) -> subprocess.Popen:
+    """``vla-rl ARGS`` in a child process running this checkout (one thread: the numbers do not depend on it)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-c", script, *args] if script else [sys.executable, "-m", "vla_rl.cli", *args]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 300) -> int:
+    _, err = proc.communicate(timeout=timeout)
+    assert "Traceback" not in err, err
+    return proc.returncode
+
+
+def run_to_the_end(run: Path, args: list[str]) -> None:
+    """What a user does after a crash: ``--resume`` while there is a checkpoint, else start over."""
+    for _ in range(5):
+        if any((run / "checkpoints").glob("iter_*")):
+            rc = finish(cli_process(["train", "--resume", str(run), "--no-progress"]))
+        else:
+            rc = finish(cli_process(["train", "builtin_flow_noise", *args, "--no-progress", "--overwrite"]))
+        if rc == 0:
+            return
+    raise AssertionError(f"{run} did not finish")
+
+
+@pytest.fixture(scope="module")
+def reference(sft, tmp_path_factory):
+    """An uninterrupted 4-iteration run in a child process: (its metrics, its wall time)."""
+    run = tmp_path_factory.mktemp("reference") / "run"
+    t0 = time.perf_counter()
+    assert finish(cli_process(["train", "builtin_flow_noise", *overrides(sft, run, iterations=4),
+                               "--no-progress"])) == 0
+    return stripped(read_jsonl(run / "metrics.jsonl")), time.perf_counter() - t0
+
+
+def test_kill_during_a_checkpoint_write_then_resume_gives_the_same_metrics(sft, reference, tmp_path):
+    run = tmp_path / "run"
+    args = overrides(sft, run, iterations=4)
+    proc = cli_process(["train", "builtin_flow_noise", *args, "--no-progress"], script=KILL_IN_SAVE)
+    assert finish(proc) == -signal.SIGKILL
+    leftovers = [p.name for p in (run / "checkpoints").iterdir() if p.name.startswith(".iter_000002.tmp-")]
+    assert leftovers and not (run / "checkpoints" / "iter_000002").exists()
+    run_to_the_end(run, args)
+    assert stripped(read_jsonl(run / "metrics.jsonl")) == reference[0]
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]
+
+
+def kill_at_random_points(sft, reference, tmp_path, points: int, seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    for k in range(points):
+        run = tmp_path / f"run{k}"
+        args = overrides(sft, run, iterations=4)
+        proc = cli_process(["train", "builtin_flow_noise", *args, "--no-progress"])
+        time.sleep(rng.uniform(0.2, 1.0) * reference[1])   # anywhere from start-up to the last save
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+        run_to_the_end(run, args)
+        assert stripped(read_jsonl(run / "metrics.jsonl")) == reference[0], f"kill point {k} of seed {seed}"
+
+
+def test_kill_at_a_random_moment_then_resume_gives_the_same_metrics(sft, reference, tmp_path):
+    kill_at_random_points(sft, reference, tmp_path, points=1, seed=int(time.time()))
+
+
+@pytest.mark.slow   # ~10 child runs
+def test_kill_at_many_random_moments_then_resume_gives_the_same_metrics(sft, reference, tmp_path):
+    kill_at_random_points(sft, reference, tmp_path, points=6, seed=0)
+
+
+# ----------------------------------------------------------------------------------------------------
+# 8. A dead env worker is restarted (env.restart_dead_workers), its partial episodes dropped from the batch
+# ----------------------------------------------------------------------------------------------------
+def worker_pool(num_envs=4, per_worker=2, restarts=1, log=None):
+    import functools
+
+    from vla_rl.envs.builtin import ColorReachConfig, ColorReachSingleEnv
+    from vla_rl.envs.workers import WorkerVectorEnv
+
+    return WorkerVectorEnv(functools.partial(ColorReachSingleEnv, ColorReachConfig(max_episode_steps=16)), num_envs,
+                           envs_per_worker=per_worker, name="colorreach", max_restarts=restarts, log=log)
+
+
+def kill_worker(env, w: int) -> None:
+    os.kill(env._procs[w].pid, signal.SIGKILL)
+    env._procs[w].join(timeout=10)
+
+
+def test_a_killed_worker_is_restarted_its_envs_reset_with_their_seeds_up_to_the_limit():
+    from vla_rl.envs.builtin import ColorReachConfig, ColorReachSingleEnv
+    from vla_rl.envs.workers import WorkerError
+
+    said = []
+    env = worker_pool(log=said.append)
+    try:
+        env.reset(seed=100)
+        env.step(torch.full((4, 3, 2), 0.2))
+        kill_worker(env, 0)
+        out = env.step(torch.full((4, 3, 2), 0.2))
+        assert out.lost.tolist() == [True, True, False, False] and out.steps.tolist() == [0, 0, 3, 3]
+        assert out.rewards[:2].abs().sum() == 0 and not out.done[:2].any()
+        for i in (0, 1):   # the restarted envs start over from the seeds of the last reset
+            fresh = ColorReachSingleEnv(ColorReachConfig(max_episode_steps=16)).reset(100 + i)["state"]
+            assert torch.equal(out.obs["state"][i], torch.from_numpy(fresh))
+        assert len(said) == 1 and "worker 0 (envs 0-1)" in said[0] and "restarting it (1 of at most 1)" in said[0]
+        assert env.step(torch.zeros(4, 1, 2)).lost is None
+        kill_worker(env, 1)
+        with pytest.raises(WorkerError, match=r"SIGKILL \(after 1 restart\(s\), the most allowed: 1\)"):
+            env.step(torch.zeros(4, 1, 2))
+    finally:
+        env.close()
+
+
+def test_a_worker_killed_mid_rollout_drops_its_partial_episodes_from_the_update(sft):
+    from vla_rl.checkpoint import load_policy
+    from vla_rl.rl.actor import Actor, SamplerConfig
+    from vla_rl.rl.learner import Learner, PPOConfig
+    from vla_rl.rl.rollout import LogProbConfig, collect_rollout
+
+    model, norm, _ = load_policy(sft)
+    actor = Actor(model, norm, env_state_dim=4, env_action_dim=2)
+    env = worker_pool(log=QUIET)
+    real_step, calls = env.step, []
+
+    def step(chunk):   # the worker of envs 2-3 dies during the third chunk
+        calls.append(1)
+        if len(calls) == 3:
+            kill_worker(env, 1)
+        return real_step(chunk)
+
+    env.step = step
+    try:
+        ro, _ = collect_rollout(actor, env, env.reset(seed=0), num_chunks=4, sampler=SamplerConfig(3, "noise"),
+                                execute=4, log_prob=LogProbConfig(), generator=torch.Generator().manual_seed(0))
+    finally:
+        env.close()
+    # 16-step episodes, 4 steps a chunk: no episode ended before the death, so chunks 0-2 of envs 2-3 are dropped
+    assert ro.lost_episodes == 2
+    assert ro.valid.tolist() == [[True, True, False, False]] * 3 + [[True, True, True, True]]
+    assert ro.terminated[2, 2:].all() and not ro.terminated[2, :2].any()   # no bootstrap across the restart
+    learner = Learner(actor, PPOConfig(update_epochs=1, minibatches=2), method="noise", noise_level=0.5, execute=4)
+    metrics = learner.update(ro, iteration=0)
+    assert metrics["train/samples"] == 10 and learner.applied_steps == 2
+    assert all(math.isfinite(v) for v in metrics.values())
+
+
+def test_training_survives_a_worker_killed_mid_run(sft, tmp_path, monkeypatch):
+    """The trainer on worker envs (the built-in task in worker processes stands in for ManiSkill / LIBERO,
+    built by make_env with env.restart_dead_workers) loses a worker during iteration 2 and carries on."""
+    import vla_rl.rl.trainer as trainer_mod
+
+    def make_env(cfg, *, num_envs, device, seed, log=None):
+        env = worker_pool(num_envs=num_envs, per_worker=4, restarts=cfg.restart_dead_workers, log=log)
+        env.seed = seed
+        return env
+
+    monkeypatch.setattr(trainer_mod, "make_env", make_env)
+    said = []
+    cfg = train_config(sft, tmp_path / "run", iterations=3, env={"num_envs": 8, "restart_dead_workers": 1})
+    real_collect, rollouts = trainer_mod.collect_rollout, []
+
+    def collect_rollout(actor, env, obs, **kw):   # the second iteration's rollout: a worker dies at its 2nd chunk
+        rollouts.append(1)
+        if len(rollouts) == 2:
+            real_step = env.step
+
+            def step(chunk, calls=[]):  # noqa: B006  (counts this rollout's steps)
+                calls.append(1)
+                if len(calls) == 2:
+                    kill_worker(env, 0)
+                return real_step(chunk)
+
+            env.step = step
+        try:
+            return real_collect(actor, env, obs, **kw)
+        finally:
+            env.__dict__.pop("step", None)
+
+    monkeypatch.setattr(trainer_mod, "collect_rollout", collect_rollout)
+    with trainer_mod.Trainer(cfg, log=said.append) as trainer:
+        history = trainer.run()
+    assert [h["iteration"] for h in history] == [0, 1, 2, 3]
+    lost = [h["iteration"] for h in history if h.get("rollout/lost_episodes")]
+    assert len(lost) == 1 and any("restarting it (1 of at most 1)" in s for s in said)
+    assert all(math.isfinite(h["losses/policy"]) for h in history[1:])
+
+
+# ----------------------------------------------------------------------------------------------------
+# 9. One bad ManiSkill demonstration is dropped and reported; the collection goes on and keeps its work
+# ----------------------------------------------------------------------------------------------------
+needs_maniskill = pytest.mark.skipif(importlib.util.find_spec("mani_skill") is None
+                                     and os.environ.get("VLA_RL_SKIP_SIMULATORS") == "1",
+                                     reason="ManiSkill not installed and VLA_RL_SKIP_SIMULATORS=1")
+
+
+def test_the_replay_shim_discards_a_failed_replay_before_the_next_episode():
+    from vla_rl.data.maniskill_replay import discarding_unflushed
+
+    class Recorder:   # what the converter's RecordEpisode does with its buffer, reduced to a list of frames
+        save_on_reset = False
+
+        def __init__(self):
+            self._trajectory_buffer, self.saved = ["reset"], []
+
+        def flush_trajectory(self, save=True):
+            if len(self._trajectory_buffer) > 1 and save:
+                self.saved.append(self._trajectory_buffer[1:])
+            self._trajectory_buffer = self._trajectory_buffer[-1:]
+
+        def reset(self, seed):
+            self._trajectory_buffer[-1] = f"reset {seed}"
+
+        def step(self, a):
+            self._trajectory_buffer.append(a)
+
+    for patched, want in ((False, [["a", "reset 2", "c"]]), (True, [["c"]])):
+        rec = Recorder()
+        reset = discarding_unflushed(Recorder.reset) if patched else Recorder.reset
+        reset(rec, 1)
+        rec.step("a")
+        rec.step("b")          # this replay fails: the converter does not flush it
+        reset(rec, 2)
+        rec.step("c")
+        rec.flush_trajectory()
+        assert rec.saved == want, patched   # unpatched: the failed replay's frames joined to the next episode
+
+
+def join_first_two(h5: Path) -> None:
+    """Do to a converted file what ManiSkill's converter does after a failed replay: the next saved episode
+    (traj_1) begins with the failed one's frames (here traj_0's)."""
+    import h5py
+    import numpy as np
+
+    with h5py.File(h5, "r+") as f:
+        if "traj_1" not in f:
+            return
+        obs = np.concatenate([f["traj_0/obs"][:-1], f["traj_1/obs"][:]])
+        act = np.concatenate([f["traj_0/actions"][:], f["traj_1/actions"][:]])
+        for key, value in (("obs", obs), ("actions", act)):
+            del f[f"traj_1/{key}"]
+            f[f"traj_1/{key}"] = value
+
+
+@pytest.fixture
+def corrupting_converter(monkeypatch):
+    import vla_rl.data.maniskill_demos as msd
+
+    real = msd.convert_demos
+
+    def convert(h5, **kw):
+        out = real(h5, **kw)
+        join_first_two(out)
+        return out
+
+    monkeypatch.setattr(msd, "convert_demos", convert)
+
+
+@needs_maniskill
+def test_a_corrupt_demo_is_dropped_reported_and_replaced_by_another_seed(tmp_path, corrupting_converter, capsys):
+    from vla_rl.data.lerobot import read_lerobot_dataset, read_lerobot_info
+
+    out = tmp_path / "push"
+    assert cli_main(["collect", "maniskill", str(out), "task=PushCube-v1", "episodes=2", "seed=3"]) == 0
+    printed = capsys.readouterr().out
+    assert "PushCube-v1 seed 4: dropped, " in printed and "differs from a reset with seed 4" in printed
+    assert "wrote 2 maniskill expert episodes as a LeRobot v3.0 dataset" in printed
+    info = read_lerobot_info(out)["vla_rl"]
+    assert [d["seed"] for d in info["dropped"]] == [4] and len(info["source"]) == 2   # a second round
+    data = read_lerobot_dataset(out)
+    assert data.num_episodes == 2 and int((data.frame_index == 0).sum()) == 2
+
+
+@pytest.mark.slow   # a second ManiSkill collection (~30 s)
+@needs_maniskill
+def test_at_the_try_limit_the_good_episodes_are_written_and_the_shortfall_said(tmp_path, corrupting_converter,
+                                                                              capsys):
+    from vla_rl.data.lerobot import read_lerobot_info
+
+    out = tmp_path / "push"
+    argv = ["collect", "maniskill", str(out), "task=PushCube-v1", "episodes=2", "seed=3", "max_tries=2"]
+    assert cli_main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "only 1 of 2 episodes are good after trying 2 seeds (max_tries=2)" in printed
+    assert "wrote 1 maniskill expert episodes (of 2 asked for" in printed
+    assert read_lerobot_info(out)["total_episodes"] == 1
+
+
+def worker_pids(pid: int) -> list[int]:
+    """The env worker processes among ``pid``'s children (spawned: ``spawn_main``; not the resource tracker)."""
+    out = []
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+        if b"spawn_main" in cmdline:
+            out.append(int(child))
+    return out
+
+
+@pytest.mark.slow   # ManiSkill workers on CPU: ~1-2 min
+@needs_maniskill
+def test_a_maniskill_run_survives_a_killed_worker_with_restart_dead_workers(tmp_path):
+    """`vla-rl train` on ManiSkill (2 worker processes) with env.restart_dead_workers=1; one worker is killed
+    with SIGKILL once the run is under way; the run finishes and says it restarted the worker."""
+    model = tmp_path / "state_policy.yaml"
+    model.write_text("num_cameras: 0\nstate_dim: 35\naction_dim: 7\ndepth: 1\n")
+    run = tmp_path / "run"
+    args = ["train", "builtin_flow_noise", "init=null", f"model={model}", f"out={run}", "env.kind=maniskill",
+            "env.num_envs=2", "env.envs_per_worker=1", "env.restart_dead_workers=1", "env.maniskill.task=PushCube-v1",
+            "env.maniskill.max_episode_steps=16", "rollout_chunks=2", "iterations=3", "eval_every=1",
+            "eval_episodes=2", "save_every=1", "tensorboard=false", "ppo.update_epochs=1", "ppo.minibatches=1",
+            "--no-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "vla_rl.cli", *args], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:   # wait until iteration 1 is logged
+        if (run / "metrics.jsonl").is_file() and len(read_jsonl(run / "metrics.jsonl")) >= 2:
+            break
+        time.sleep(0.5)
+    pids = worker_pids(proc.pid)
+    assert len(pids) == 2, pids
+    os.kill(pids[0], signal.SIGKILL)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    assert "restarting it (1 of at most 1)" in out and "Traceback" not in out
+    assert [m["iteration"] for m in read_jsonl(run / "metrics.jsonl")] == [0, 1, 2, 3]
