@@ -16,7 +16,7 @@ import torch
 import yaml
 from exported_fixture import observation, policy_folder
 
-from vla_rl.checkpoint import CheckpointError, save_policy
+from vla_rl.checkpoint import CheckpointError
 from vla_rl.cli import main
 from vla_rl.config import ConfigError
 from vla_rl.interop.export import export_nbytes, export_policy, resolve_source
@@ -315,7 +315,10 @@ def test_corrupt_sources_fail_and_keep_the_previous_export(source, tmp_path):
         export_policy(broken, out, dtype="fp32")
     with torch.no_grad():
         model.action_in.weight[0, 0] = float("nan")
-    save_policy(broken, model, norm, meta={})
+    # save_policy refuses non-finite weights, so the damaged file is written by hand (a corrupted copy)
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(broken / "model.safetensors"))
     with pytest.raises(CheckpointError, match="NaN"):
         export_policy(broken, out, dtype="bf16")
     assert (out / "model.safetensors").read_bytes() == before   # the earlier export is untouched

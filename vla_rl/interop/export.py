@@ -49,9 +49,14 @@ def resolve_source(src: str | Path) -> Path:
         best = path / "checkpoints" / "best"
         if (best / "config.yaml").is_file():
             return best
-        from vla_rl.rl.trainer import latest_checkpoint
+        from vla_rl.rl.state import list_checkpoints
 
-        return latest_checkpoint(path)
+        # Export needs the policy files only (a resume point also needs the optimizer and RNG state).
+        policies = [c for c in list_checkpoints(path) if (c / "config.yaml").is_file()
+                    and (c / "model.safetensors").is_file()]
+        if policies:
+            return policies[-1]
+        raise CheckpointError(f"{path / 'checkpoints'} holds no policy checkpoint to export")
     raise CheckpointError(f"{path} is neither a policy folder (config.yaml + model.safetensors) nor a training run "
                           "(a checkpoints/ folder)")
 
