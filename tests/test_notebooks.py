@@ -25,7 +25,6 @@ def test_the_three_notebooks_exist_and_carry_no_outputs():
 def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
     nb = nbformat.read(path, as_version=4)
     monkeypatch.setenv("VLA_RL_NOTEBOOK_DIR", str(tmp_path / "runs"))
-    monkeypatch.setenv("MPLBACKEND", "Agg")
     client = nbclient.NotebookClient(nb, timeout=900, kernel_name="python3",
                                      resources={"metadata": {"path": str(Path(__file__).resolve().parents[1])}})
     start = time.perf_counter()
