@@ -81,13 +81,16 @@ def test_every_shipped_preset_loads_and_its_model_builds():
     root = Path(__file__).resolve().parent.parent / "configs"
     experiments = sorted(p.stem for p in (root / "experiment").glob("*.yaml"))
     assert {"builtin_flow_sde", "maniskill_pushcube_flow_sde", "maniskill_pushcube_gpu",
-            "maniskill_pickcube_flow_noise"} <= set(experiments)
+            "maniskill_pickcube_flow_noise", "libero_spatial_flow_noise", "libero_spatial_flow_sde"} <= set(experiments)
     for name in experiments:
         cfg = load_preset(TrainConfig, "experiment", name)
         if cfg.env.kind == "maniskill":
             ms = cfg.env.maniskill
             # the planners' demos are longer than the tasks' limit of 50 (PushCube 61-80 steps, PickCube <= 100)
             assert ms.max_episode_steps == {"PushCube-v1": 120, "PickCube-v1": 150}[ms.task]
+        if cfg.env.kind == "libero":
+            # every episode ends (and is scored) inside its rollout: the suite's official step limit fits
+            assert cfg.rollout_chunks * cfg.execute >= cfg.env.libero.episode_steps
     for name in sorted(p.stem for p in (root / "model").glob("*.yaml")):
         with torch.device("meta"):
             FlowPolicy(policy_preset(name))
