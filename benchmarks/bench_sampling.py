@@ -18,8 +18,8 @@ import time
 
 import torch
 
+from vla_rl.config import policy_preset
 from vla_rl.policies import flow
-from vla_rl.policies.config import policy_preset
 from vla_rl.policies.model import FlowPolicy
 
 

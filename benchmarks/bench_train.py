@@ -19,8 +19,8 @@ import time
 
 import torch
 
+from vla_rl.config import policy_preset
 from vla_rl.envs.builtin import ColorReachEnv
-from vla_rl.policies.config import policy_preset
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.rl.actor import Actor, SamplerConfig
@@ -47,7 +47,7 @@ def one_setting(args, n: int, device: torch.device) -> dict:
     with torch.device(device):  # initialise the weights where they will live
         model = FlowPolicy(policy_preset(args.model))
     norm = NormStats(Stats.identity(4), Stats.identity(2))
-    actor = Actor(model, norm, env_state_dim=4, env_action_dim=2)
+    actor = Actor(model, norm)
     sampler = SamplerConfig(args.num_steps, args.method)
     ppo = PPOConfig(update_epochs=args.epochs, minibatches=args.minibatches)
     learner = Learner(actor, ppo, method=args.method, noise_level=sampler.noise_level, execute=args.execute,

@@ -95,9 +95,3 @@ class PolicyConfig:
         state_tokens = 1 if self.state_input == "token" else self.state_dim
         return self.num_cameras * self.vision.num_patches + self.max_text_tokens + state_tokens
 
-
-def policy_preset(name: str, overrides: dict | None = None) -> PolicyConfig:
-    """A model preset from ``configs/model/<name>.yaml`` (or a YAML path), with optional overrides."""
-    from vla_rl.config import load_preset
-
-    return load_preset(PolicyConfig, "model", name, overrides)

@@ -9,7 +9,7 @@ import pytest
 
 from vla_rl.checkpoint import save_policy
 from vla_rl.cli import main
-from vla_rl.config import ConfigError
+from vla_rl.config import ConfigError, policy_preset
 from vla_rl.eval.bench import (
     RESULT_FORMAT,
     BenchError,
@@ -18,7 +18,6 @@ from vla_rl.eval.bench import (
     suite_names,
     summarize_bench,
 )
-from vla_rl.policies.config import policy_preset
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 

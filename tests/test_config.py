@@ -73,8 +73,7 @@ def test_every_shipped_preset_loads_and_its_model_builds():
 
     import torch
 
-    from vla_rl.config import load_preset
-    from vla_rl.policies.config import policy_preset
+    from vla_rl.config import load_preset, policy_preset
     from vla_rl.policies.model import FlowPolicy
     from vla_rl.rl.trainer import TrainConfig
 
@@ -110,7 +109,7 @@ def test_a_built_wheel_carries_the_presets(tmp_path):
     (wheel,) = (tmp_path / "wheel").glob("vla_rl-*.whl")
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(tmp_path / "site"),
                     str(wheel)], check=True, capture_output=True)
-    probe = ("from vla_rl.config import preset_path; from vla_rl.policies.config import policy_preset; "
+    probe = ("from vla_rl.config import preset_path; from vla_rl.config import policy_preset; "
              "print(preset_path('experiment', 'builtin_flow_sde')); print(policy_preset('tiny').depth)")
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={"PYTHONPATH": str(tmp_path / "site")},
                          check=True, capture_output=True, text=True).stdout.split()

@@ -18,10 +18,9 @@ from exported_fixture import observation, policy_folder
 
 from vla_rl.checkpoint import CheckpointError
 from vla_rl.cli import main
-from vla_rl.config import ConfigError
+from vla_rl.config import ConfigError, policy_preset
 from vla_rl.interop.export import export_nbytes, export_policy, resolve_source
 from vla_rl.policies import ExportError, ObservationError, load_exported
-from vla_rl.policies.config import policy_preset
 from vla_rl.policies.normalize import NormStats, Stats, actions_from_model, actions_to_model, state_to_model
 from vla_rl.rl.actor import Actor, SamplerConfig
 
@@ -76,7 +75,7 @@ def test_exported_actions_equal_the_training_actor(source, exports):
     """Same noise, same model: the exported policy's chunk is the actor's (unnormalised, cut, clipped)."""
     _, model, norm = source
     policy = load_exported(exports["fp32"])
-    actor = Actor(model, norm, env_state_dim=4, env_action_dim=2)
+    actor = Actor(model, norm)
     obs = [observation(i) for i in range(3)]
     batch = {"images": torch.from_numpy(np.stack([o["image"] for o in obs]))[:, None],
              "state": torch.from_numpy(np.stack([o["state"] for o in obs])), "instruction": [o["prompt"] for o in obs]}

@@ -165,8 +165,8 @@ QUIET = lambda *_: None  # noqa: E731
 
 @pytest.fixture(scope="module")
 def sft(tmp_path_factory) -> Path:
+    from vla_rl.config import policy_preset
     from vla_rl.data.collect import collect_builtin_demos
-    from vla_rl.policies.config import policy_preset
     from vla_rl.policies.model import FlowPolicy
     from vla_rl.policies.normalize import NormStats, Stats
     from vla_rl.rl.actor import Actor
@@ -175,7 +175,7 @@ def sft(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     data = collect_builtin_demos(4, seed=0)
     norm = NormStats(Stats.of(data.state), Stats.of(data.action))
-    actor = Actor(FlowPolicy(policy_preset("tiny", SMALL)), norm, env_state_dim=4, env_action_dim=2)
+    actor = Actor(FlowPolicy(policy_preset("tiny", SMALL)), norm)
     train_sft(actor, data, SFTConfig(steps=10, batch_size=16), progress=False)
     return save_policy(tmp_path_factory.mktemp("sft") / "policy", actor.model, actor.norm)
 
@@ -684,7 +684,7 @@ def test_a_worker_killed_mid_rollout_drops_its_partial_episodes_from_the_update(
     from vla_rl.rl.rollout import LogProbConfig, collect_rollout
 
     model, norm, _ = load_policy(sft)
-    actor = Actor(model, norm, env_state_dim=4, env_action_dim=2)
+    actor = Actor(model, norm)
     env = worker_pool(log=QUIET)
     real_step, calls = env.step, []
 

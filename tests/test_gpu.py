@@ -92,7 +92,7 @@ def test_rollout_stays_on_the_device(sft_checkpoint):  # noqa: F811
 
     model, norm, _ = load_policy(sft_checkpoint, device="cuda")
     env = ColorReachEnv(8, device="cuda", seed=0)
-    actor = Actor(model, norm, env_state_dim=4, env_action_dim=2)
+    actor = Actor(model, norm)
     ro, _ = collect_rollout(actor, env, env.reset(seed=0), num_chunks=2, sampler=SamplerConfig(4, "noise"),
                             execute=8, log_prob=LogProbConfig(), generator=torch.Generator("cuda").manual_seed(0))
     for name in ("rewards", "values", "old_log_prob", "chain", "final_values", "last_values"):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vla_rl.checkpoint import CheckpointError, load_policy, save_policy
-from vla_rl.policies.config import policy_preset
+from vla_rl.config import policy_preset
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats, parse_dims
 from vla_rl.rl.actor import Actor, SamplerConfig
@@ -42,7 +42,7 @@ def _actor(hidden=()):
     cfg = policy_preset("tiny", {"num_cameras": 0, "state_dim": 8, "action_dim": 3, "depth": 1})
     x = torch.randn(32, 6)
     norm = NormStats(Stats.of(x), Stats.of(torch.randn(32, 3)), hidden_state=hidden)
-    return Actor(FlowPolicy(cfg).eval(), norm, env_state_dim=6, env_action_dim=3)
+    return Actor(FlowPolicy(cfg).eval(), norm)
 
 
 def _act(actor, state):

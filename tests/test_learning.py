@@ -22,10 +22,10 @@ import pytest
 import torch
 
 from vla_rl.checkpoint import load_policy, save_policy
+from vla_rl.config import policy_preset
 from vla_rl.data.collect import collect_builtin_demos
 from vla_rl.envs.builtin import ColorReachEnv
 from vla_rl.eval.evaluate import evaluate
-from vla_rl.policies.config import policy_preset
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.rl.actor import Actor, SamplerConfig
@@ -51,7 +51,7 @@ def runs(tmp_path_factory):
     torch.manual_seed(0)
     data = collect_builtin_demos(10, seed=0)
     norm = NormStats(Stats.of(data.state), Stats.of(data.action))
-    actor = Actor(FlowPolicy(policy_preset("tiny")), norm, env_state_dim=4, env_action_dim=2)
+    actor = Actor(FlowPolicy(policy_preset("tiny")), norm)
     train_sft(actor, data, SFTConfig(steps=500), progress=False)
     sft = save_policy(root / "sft", actor.model, actor.norm)
     before = success(actor)
@@ -71,7 +71,7 @@ def runs(tmp_path_factory):
         assert rc == 0, f"{preset} failed:\n{text[-3000:]}"
         history = [json.loads(line) for line in (root / preset / "metrics.jsonl").read_text().splitlines()]
         model, norm_rl, _ = load_policy(root / preset / "checkpoints" / f"iter_{ITERATIONS:06d}")
-        after = success(Actor(model, norm_rl, env_state_dim=4, env_action_dim=2))
+        after = success(Actor(model, norm_rl))
         out[preset] = (after, history, text)
     return before, out
 

@@ -15,11 +15,10 @@ import torch
 
 from vla_rl.checkpoint import CheckpointError, save_policy
 from vla_rl.cli import main
-from vla_rl.config import ConfigError, from_dict
+from vla_rl.config import ConfigError, from_dict, policy_preset
 from vla_rl.data.lerobot import detect_keys, read_lerobot_dataset, read_lerobot_info
 from vla_rl.eval.bench import BenchConfig
 from vla_rl.eval.libero import libero_env_config
-from vla_rl.policies.config import policy_preset
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from vla_rl.config import ConfigError
+from vla_rl.config import ConfigError, policy_preset
 from vla_rl.policies import flow
-from vla_rl.policies.config import PolicyConfig, policy_preset
+from vla_rl.policies.config import PolicyConfig
 from vla_rl.policies.model import FlowPolicy, count_parameters
 
 PRESETS = ["tiny", "tiny_pi05"]

@@ -8,10 +8,10 @@ import torch
 
 from vla_rl.checkpoint import save_policy
 from vla_rl.cli import main as cli_main
+from vla_rl.config import policy_preset
 from vla_rl.data.collect import collect_builtin_demos
 from vla_rl.eval.evaluate import evaluate_checkpoint
 from vla_rl.eval.paired import EpisodeFileError, compare, load_side, paired_difference, sign_test_p
-from vla_rl.policies.config import policy_preset
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 

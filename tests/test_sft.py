@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from vla_rl.checkpoint import CheckpointError, load_policy, save_policy
+from vla_rl.config import policy_preset
 from vla_rl.data.collect import collect_builtin_demos
-from vla_rl.policies.config import policy_preset
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.rl.actor import Actor, SamplerConfig
@@ -29,7 +29,7 @@ def trained():
     torch.manual_seed(0)
     data = collect_builtin_demos(6, seed=0)
     norm = NormStats(Stats.of(data.state), Stats.of(data.action))
-    actor = Actor(FlowPolicy(policy_preset("tiny", SMALL)), norm, env_state_dim=4, env_action_dim=2)
+    actor = Actor(FlowPolicy(policy_preset("tiny", SMALL)), norm)
     idx = torch.arange(0, len(data), 3)
     before = chunk_error(actor, data, idx)
     log = train_sft(actor, data, SFTConfig(steps=200, batch_size=16, lr=2e-3, warmup_steps=20, log_every=50),

@@ -8,9 +8,8 @@ import torch
 
 from vla_rl.checkpoint import CheckpointError, save_policy
 from vla_rl.cli import main as cli_main
-from vla_rl.config import ConfigError, from_dict
+from vla_rl.config import ConfigError, from_dict, policy_preset
 from vla_rl.data.collect import collect_builtin_demos
-from vla_rl.policies.config import policy_preset
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.rl.actor import Actor
@@ -26,7 +25,7 @@ def sft_checkpoint(tmp_path_factory):
     torch.manual_seed(0)
     data = collect_builtin_demos(4, seed=0)
     norm = NormStats(Stats.of(data.state), Stats.of(data.action))
-    actor = Actor(FlowPolicy(policy_preset("tiny", SMALL)), norm, env_state_dim=4, env_action_dim=2)
+    actor = Actor(FlowPolicy(policy_preset("tiny", SMALL)), norm)
     train_sft(actor, data, SFTConfig(steps=20, batch_size=16), progress=False)
     return save_policy(tmp_path_factory.mktemp("sft") / "policy", actor.model, actor.norm)
 
@@ -212,7 +211,7 @@ def test_critic_warm_up_moves_the_value_head_only(sft_checkpoint):
     from vla_rl.rl.rollout import LogProbConfig, collect_rollout
 
     model, norm, _ = load_policy(sft_checkpoint)
-    actor = Actor(model, norm, env_state_dim=4, env_action_dim=2)
+    actor = Actor(model, norm)
     env = ColorReachEnv(8, seed=0)
     learner = Learner(actor, PPOConfig(critic_warmup_iters=1, update_epochs=1, minibatches=2), method="sde",
                       noise_level=0.5, execute=8)
@@ -304,7 +303,7 @@ def test_reward_scale_scales_the_value_targets(sft_checkpoint, tmp_path):
     from vla_rl.rl.rollout import Rollout
 
     model, norm, _ = load_policy(sft_checkpoint)
-    actor = Actor(model, norm, env_state_dim=4, env_action_dim=2)
+    actor = Actor(model, norm)
     # 2 envs, 2 chunks; env 0 ends at chunk 0 (terminated), env 1 runs on and bootstraps from last_values.
     rewards = torch.tensor([[-4.0, -2.0], [-6.0, -8.0]])
     term = torch.tensor([[True, False], [False, False]])

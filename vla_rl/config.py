@@ -216,6 +216,14 @@ def load_preset(cls: type[T], group: str, name: str, overrides: dict | None = No
     return from_dict(cls, merge(read_yaml(preset_path(group, name)), overrides or {}))
 
 
+def policy_preset(name: str, overrides: dict | None = None):
+    """A model preset (:class:`~vla_rl.policies.config.PolicyConfig`) from ``configs/model/<name>.yaml`` (or a
+    YAML path), with optional overrides. It lives here, not in ``policies/``, which imports nothing of vla_rl."""
+    from vla_rl.policies.config import PolicyConfig
+
+    return load_preset(PolicyConfig, "model", name, overrides)
+
+
 def parse_overrides(items: list[str]) -> dict:
     """``["a.b=3", "c=[1, 2]"]`` -> ``{"a": {"b": 3}, "c": [1, 2]}`` (values parsed as YAML)."""
     out: dict = {}

@@ -19,12 +19,11 @@ from pathlib import Path
 import torch
 
 from vla_rl.checkpoint import save_policy
-from vla_rl.config import check_ranges, load_preset, nonneg, ranged, to_dict
+from vla_rl.config import check_ranges, load_preset, nonneg, policy_preset, ranged, to_dict
 from vla_rl.data.collect import collect_builtin_demos
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
 from vla_rl.eval.evaluate import evaluate
 from vla_rl.policies import flow
-from vla_rl.policies.config import policy_preset
 from vla_rl.policies.model import FlowPolicy, count_parameters
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.rl.actor import Actor, SamplerConfig
@@ -64,7 +63,7 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, overwrite: bool = False)
     spec = env.spec
     norm = NormStats(Stats.of(data.state), Stats.of(data.action))
     model = FlowPolicy(policy_preset(cfg.model))
-    actor = Actor(model, norm, env_state_dim=spec.state_dim, env_action_dim=spec.action_dim)
+    actor = Actor.for_env(model, norm, spec)
     print(f"policy '{cfg.model}': {count_parameters(model) / 1e6:.2f}M parameters; SFT for {cfg.sft.steps} steps")
     log = train_sft(actor, data, cfg.sft, progress=progress)
     print(f"flow-matching loss {log[0]['losses/flow_matching']:.3f} -> {log[-1]['losses/flow_matching']:.3f}")

@@ -157,11 +157,10 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True, ov
     The model preset's camera count and state / action sizes follow the data unless ``cfg.policy`` sets
     them (sizes only grow: a smaller env vector is zero-padded into the model's)."""
     from vla_rl.checkpoint import save_policy
-    from vla_rl.config import ConfigError, from_dict, to_dict
+    from vla_rl.config import ConfigError, from_dict, policy_preset, to_dict
     from vla_rl.env_factory import EnvConfig, make_env
     from vla_rl.eval.evaluate import evaluate
     from vla_rl.outputs import check_output
-    from vla_rl.policies.config import policy_preset
     from vla_rl.policies.model import FlowPolicy, count_parameters
     from vla_rl.policies.normalize import NormStats, Stats, parse_dims
 
@@ -204,7 +203,7 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True, ov
     if hidden:
         print(f"hidden state dims (the policy sees 0 there): {list(hidden)}")
     model = FlowPolicy(pcfg)
-    actor = Actor(model, norm, env_state_dim=state_dim, env_action_dim=action_dim)
+    actor = Actor(model, norm)
     print(f"policy '{cfg.model}': {count_parameters(model) / 1e6:.2f}M parameters; SFT for {cfg.steps} steps")
     sft_cfg = SFTConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
                         seed=cfg.seed, log_every=max(1, min(100, cfg.steps)))
@@ -226,9 +225,7 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True, ov
         eval_seed = 10_000 + cfg.seed if cfg.eval_seed is None else cfg.eval_seed
         env = make_env(env_cfg, num_envs=n, device=torch.device("cpu"), seed=eval_seed)
         try:
-            spec = env.spec
-            actor = Actor(model, norm, env_state_dim=spec.state_dim, env_action_dim=spec.action_dim,
-                          action_low=spec.action_low, action_high=spec.action_high)
+            actor = Actor.for_env(model, norm, env.spec)
             m = evaluate(actor, env, num_episodes=cfg.eval_episodes, sampler=SamplerConfig(cfg.num_steps, "ode"),
                          execute=cfg.execute, seed=eval_seed)
         finally:

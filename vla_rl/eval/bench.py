@@ -245,8 +245,7 @@ def run_bench(checkpoint: str | Path, cfg: BenchConfig, *, command: list[str] | 
 
     def actor_for(spec):
         try:
-            return Actor(model, norm, env_state_dim=spec.state_dim, env_action_dim=spec.action_dim,
-                         action_low=spec.action_low, action_high=spec.action_high)
+            return Actor.for_env(model, norm, spec)
         except ValueError as e:
             raise BenchError(f"the policy does not fit this task: {e}") from None
 

@@ -152,9 +152,7 @@ def open_checkpoint(path: str | Path, *, env_config, num_envs: int, device: torc
     model, norm, _ = load_policy(Path(path))
     env = make_env(env_config, num_envs=num_envs, device=device, seed=seed)
     try:
-        spec = env.spec
-        actor = Actor(model.to(device), norm, env_state_dim=spec.state_dim, env_action_dim=spec.action_dim,
-                      action_low=spec.action_low, action_high=spec.action_high)
+        actor = Actor.for_env(model.to(device), norm, env.spec)
     except BaseException:   # e.g. a policy made for another env's state size: no worker left behind
         env.close()
         raise

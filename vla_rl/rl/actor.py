@@ -44,9 +44,17 @@ class Act:
 
 
 class Actor:
-    def __init__(self, model: FlowPolicy, norm: NormStats, *, env_state_dim: int, env_action_dim: int,
-                 action_low: float = -1.0, action_high: float = 1.0):
+    """``model`` + ``norm`` acting on an env of ``env_state_dim`` / ``env_action_dim`` (default: the widths of
+    ``norm``'s statistics, which are the env's) with actions clipped to ``[action_low, action_high]``.
+    :meth:`for_env` takes all four from an env's spec."""
+
+    def __init__(self, model: FlowPolicy, norm: NormStats, *, env_state_dim: int | None = None,
+                 env_action_dim: int | None = None, action_low: float = -1.0, action_high: float = 1.0):
         cfg = model.cfg
+        if env_state_dim is None:
+            env_state_dim = norm.state.mean.shape[0]
+        if env_action_dim is None:
+            env_action_dim = norm.action.mean.shape[0]
         if env_state_dim > cfg.state_dim or env_action_dim > cfg.action_dim:
             raise ValueError(f"env has state/action dims {env_state_dim}/{env_action_dim}, more than the "
                              f"model's {cfg.state_dim}/{cfg.action_dim}")
@@ -57,6 +65,13 @@ class Actor:
         self.model, self.norm = model, norm
         self.env_state_dim, self.env_action_dim = env_state_dim, env_action_dim
         self.action_low, self.action_high = action_low, action_high
+
+    @classmethod
+    def for_env(cls, model: FlowPolicy, norm: NormStats, spec) -> Actor:
+        """The actor for an env with ``spec`` (an :class:`~vla_rl.envs.base.EnvSpec`): its state and action
+        widths and its action bounds."""
+        return cls(model, norm, env_state_dim=spec.state_dim, env_action_dim=spec.action_dim,
+                   action_low=spec.action_low, action_high=spec.action_high)
 
     @property
     def dim_mask(self) -> Tensor:

@@ -22,11 +22,20 @@ import yaml
 from tqdm.auto import tqdm
 
 from vla_rl.checkpoint import CheckpointError, load_policy, policy_files, read_yaml_file, write_atomic_folder
-from vla_rl.config import ConfigError, check_ranges, from_dict, merge, nonneg, ranged, resolve_device, to_dict
+from vla_rl.config import (
+    ConfigError,
+    check_ranges,
+    from_dict,
+    merge,
+    nonneg,
+    policy_preset,
+    ranged,
+    resolve_device,
+    to_dict,
+)
 from vla_rl.env_factory import EnvConfig, make_env
 from vla_rl.eval.evaluate import evaluate
 from vla_rl.outputs import check_output, clear_output
-from vla_rl.policies.config import policy_preset
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.rl.actor import Actor, SamplerConfig
@@ -161,8 +170,7 @@ class Trainer:
         if cfg.execute > model.cfg.action_horizon:
             raise ConfigError(f"execute={cfg.execute} exceeds the policy's action_horizon "
                               f"{model.cfg.action_horizon}")
-        self.actor = Actor(model, norm, env_state_dim=spec.state_dim, env_action_dim=spec.action_dim,
-                           action_low=spec.action_low, action_high=spec.action_high)
+        self.actor = Actor.for_env(model, norm, spec)
         self.learner = Learner(self.actor, cfg.ppo, method=cfg.sampler.method, noise_level=cfg.sampler.noise_level,
                                execute=cfg.execute, bf16=cfg.bf16, total_iterations=cfg.iterations)
         self.iteration = 0
