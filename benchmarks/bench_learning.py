@@ -65,7 +65,7 @@ class TaskSetup:
 
 TASKS = {
     # 200 iterations: with the presets' cosine lr decay, every run of both methods first reached 90 % between
-    # iterations 70 and 160 (RESULTS.md); 80 iterations stopped at 0.75-0.80 (stop 7).
+    # iterations 70 and 160 (RESULTS.md).
     "builtin": TaskSetup({"sde": "builtin_flow_sde", "noise": "builtin_flow_noise"}, demos=10, sft_steps=500,
                          iterations=200),
     "PushCube-v1": TaskSetup({"sde": "maniskill_pushcube_flow_sde", "noise": "maniskill_pushcube_flow_noise"},
@@ -74,7 +74,7 @@ TASKS = {
     # PickCube: the planner pauses ~7 steps after the grasp; cloned as is, the policy stalls there (grasped,
     # never lifted: 0.02-0.03 from 40 demos), so idle frames are dropped. And a policy that sees the joint
     # velocities (state dims 9-17) copies the planner's slow start of each carry and crawls (0.27 from 100
-    # demos); hidden, 50 demos give 0.60 and 300 give 0.96 (RESULTS.md, PickCube, seventh attempt).
+    # demos); hidden, 50 demos give 0.60-0.67 (docs/notes.md).
     "PickCube-v1": TaskSetup({"sde": "maniskill_pickcube_flow_sde", "noise": "maniskill_pickcube_flow_noise"},
                              demos=50, sft_steps=6000, iterations=None, demo_pool=100, eval_every=10,
                              eval_episodes=100, sft={"lr": 1e-3, "idle_threshold": 0.02, "hidden_state_dims": "9-17",

@@ -9,7 +9,8 @@ Default level (``layout="fixed"``, ``control="target"``): colour c sits in quadr
 ``jitter`` (0.25, more than the squares' half-size 0.16), and an action is the position to head for. The
 instruction gives the rough goal, the image its exact place. A few-shot SFT policy of the ``tiny`` preset
 is clearly imperfect (about 55 % success from 10 demos: it must localise the square to within about 2.5
-pixels of a 32x32 image), and PPO raises that within minutes on 2 CPU cores (README, "RL training"). Harder levels:
+pixels of a 32x32 image), and PPO raises that within minutes on 2 CPU cores (benchmarks/RESULTS.md). Harder
+levels:
 ``layout="shuffled"`` (the squares' quadrants are drawn anew each episode, so colour and place must be
 bound) and ``control="delta"`` (actions are displacements, so a demo's actions depend on the exact goal only
 near it).

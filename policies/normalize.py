@@ -80,7 +80,7 @@ class NormStats:
     travels with the checkpoint). Why: a cloned policy can read the demonstrator's next action off its
     current velocity (the "copycat" shortcut of imitation learning). On ManiSkill's PickCube the planner's
     carry starts slowly, so a policy that sees joint velocities learns "slow -> stay slow" and crawls;
-    hiding the 9 joint velocities removes that stall (measured in benchmarks/RESULTS.md, PickCube).
+    hiding the 9 joint velocities removes that stall (docs/notes.md).
     """
 
     state: Stats

@@ -261,7 +261,7 @@ def test_actor_learning_rate_decay_by_hand():
     got = [actor_lr_scale(i, late, 7) for i in range(8)]
     want = [0.5, 1.0, 1.0, 1.0, 1.0, 0.6, 0.2, 0.2]
     assert all(math.isclose(g, w) for g, w in zip(got, want, strict=True)), got
-    # step: the tenth PickCube attempt's schedule in one run (full lr to update 149, then 0.2 x lr)
+    # step: the PickCube Flow-Noise preset's schedule (full lr to update 109, then 0.2 x lr), scaled down
     step = PPOConfig(critic_warmup_iters=1, actor_lr_warmup_iters=2, actor_lr_decay="step", actor_lr_final=0.2,
                      actor_lr_decay_start=4)
     assert [actor_lr_scale(i, step) for i in range(7)] == [0.0, 0.5, 1.0, 1.0, 0.2, 0.2, 0.2]
@@ -285,8 +285,8 @@ def test_trainer_decays_the_actor_learning_rate_over_the_run(sft_checkpoint, tmp
 
 
 def test_rollout_seeds_are_disjoint_across_iterations_and_away_from_demo_and_eval_seeds():
-    # Worker envs give env i the seed rollout_seed + i. The old seed (seed * 1_000_003 + iteration) made
-    # iteration it use it .. it + 15 on 16 envs: 100 iterations saw 115 initial states, the demos' own.
+    # Worker envs give env i the seed rollout_seed + i. A seed of seed * 1_000_003 + iteration would make
+    # iteration it use it .. it + 15 on 16 envs: 100 iterations would see 115 initial states, the demos' own.
     from vla_rl.eval.evaluate import EvalConfig
     from vla_rl.rl.trainer import rollout_seed
 

@@ -58,7 +58,7 @@ class EnvConfig:
     @staticmethod
     def upgrade(data: dict) -> dict:
         """Read an env section written before the per-simulator sections: ``options`` becomes the section of
-        its ``kind`` (run folders and SFT policies saved by earlier versions keep loading)."""
+        its ``kind`` (run folders and SFT policies written in that format keep loading)."""
         if isinstance(data, dict) and "options" in data:
             data = dict(data)
             options = data.pop("options") or {}

@@ -67,21 +67,21 @@ def _solver(task: str):
 
 
 def plan_demos(task: str, num_episodes: int, out_dir: str | Path, *, seed: int = 0,
-               max_attempts: int | None = None, log=print) -> Path:
+               max_tries: int | None = None, log=print) -> Path:
     """Record ``num_episodes`` successful motion-planner episodes of ``task`` (reset seeds ``seed``,
     ``seed + 1``, ...; failed plans are skipped) into ``out_dir/<task>.h5``; returns that path.
 
-    Gives up with an error after ``max_attempts`` seeds (default ``3 * num_episodes + 10``)."""
-    max_attempts = max_attempts or 3 * num_episodes + 10
-    path, kept, attempts, _ = _plan(task, num_episodes, out_dir, seed=seed, max_attempts=max_attempts, log=log)
+    Gives up with an error after ``max_tries`` seeds (default ``3 * num_episodes + 10``)."""
+    max_tries = max_tries or 3 * num_episodes + 10
+    path, kept, tries, _ = _plan(task, num_episodes, out_dir, seed=seed, max_tries=max_tries, log=log)
     if kept < num_episodes:
-        raise ManiSkillDemoError(f"{task}: only {kept} of {attempts} motion plans succeeded; wanted {num_episodes}")
+        raise ManiSkillDemoError(f"{task}: only {kept} of {tries} motion plans succeeded; wanted {num_episodes}")
     return path
 
 
-def _plan(task: str, num_episodes: int, out_dir: str | Path, *, seed: int, max_attempts: int,
+def _plan(task: str, num_episodes: int, out_dir: str | Path, *, seed: int, max_tries: int,
           log=print) -> tuple[Path, int, int, list[DroppedEpisode]]:
-    """Plan seeds ``seed, seed + 1, ...`` until ``num_episodes`` plans succeed or ``max_attempts`` seeds were
+    """Plan seeds ``seed, seed + 1, ...`` until ``num_episodes`` plans succeed or ``max_tries`` seeds were
     tried; returns (the ``.h5``, plans kept, seeds tried, the failed seeds and why)."""
     import gymnasium as gym
     from mani_skill.utils.wrappers.record import RecordEpisode
@@ -98,9 +98,9 @@ def _plan(task: str, num_episodes: int, out_dir: str | Path, *, seed: int, max_a
     env = RecordEpisode(env, output_dir=str(out_dir), trajectory_name=task, save_video=False,
                         source_type="motionplanning", source_desc="ManiSkill's motion-planning solution",
                         record_reward=False, save_on_reset=False)
-    kept, attempts, s, failed = 0, 0, seed, []
+    kept, tries, s, failed = 0, 0, seed, []
     try:
-        while kept < num_episodes and attempts < max_attempts:
+        while kept < num_episodes and tries < max_tries:
             reason = None
             try:
                 res = solve(env, seed=s)
@@ -111,11 +111,11 @@ def _plan(task: str, num_episodes: int, out_dir: str | Path, *, seed: int, max_a
                 failed.append(DroppedEpisode(s, reason or "the motion plan did not reach success"))
                 log(f"{task} seed {s}: dropped, {failed[-1].reason}")
             env.flush_trajectory(save=ok)
-            kept, attempts, s = kept + ok, attempts + 1, s + 1
+            kept, tries, s = kept + ok, tries + 1, s + 1
     finally:
         env.close()
-    log(f"{task}: {kept} successful motion plans from {attempts} seeds")
-    return out_dir / f"{task}.h5", kept, attempts, failed
+    log(f"{task}: {kept} successful motion plans from {tries} seeds")
+    return out_dir / f"{task}.h5", kept, tries, failed
 
 
 def convert_demos(h5: str | Path, *, control_mode: str = "pd_ee_delta_pose", obs_mode: str = "state",
@@ -472,10 +472,10 @@ def collect_maniskill(out: str | Path, *, task: str, episodes: int, seed: int = 
     while kept < episodes and tried < max_tries:
         round_dir = raw_dir if rounds == 0 else raw_dir / f"more-{rounds}"
         rounds += 1
-        planned, n_plans, attempts, failed = _plan(task, episodes - kept, round_dir, seed=next_seed,
-                                                   max_attempts=max_tries - tried, log=log)
+        planned, n_plans, tries, failed = _plan(task, episodes - kept, round_dir, seed=next_seed,
+                                                   max_tries=max_tries - tried, log=log)
         dropped += failed
-        tried, next_seed = tried + attempts, next_seed + attempts
+        tried, next_seed = tried + tries, next_seed + tries
         if n_plans == 0:
             continue
         try:

@@ -65,8 +65,8 @@ def evaluate_episodes(actor: Actor, env, *, num_episodes: int, sampler: SamplerC
 
     Round ``r`` of ``env.num_envs`` episodes resets with seed ``seed + r * num_envs`` (fixed seeds: a result
     is reproducible); ``execute`` actions of each chunk are run (default: the whole chunk). Why that stride:
-    worker envs (ManiSkill, LIBERO) give env ``i`` the seed ``seed + i``, so the earlier ``seed + r`` made the
-    rounds overlap; 100 episodes on 16 ManiSkill workers then covered only 22 distinct initial states."""
+    worker envs (ManiSkill, LIBERO) give env ``i`` the seed ``seed + i``, so a stride of 1 (``seed + r``) would
+    make the rounds overlap: 100 episodes on 16 workers would cover only 22 distinct initial states."""
     sampler = sampler or SamplerConfig()
     n = env.num_envs
     gen = torch.Generator(device=actor.model.device)
@@ -124,7 +124,7 @@ class EvalConfig:
     env: dict[str, Any] = field(default_factory=dict)  # fields of the checkpoint's env config to override
     # The sampler: "ode" (deterministic given the initial noise; the default, as in training's evaluation
     # by default) or the stochastic policy RL trained: method=sde (with noise_level, sde_mode) or method=noise.
-    # An RL update can improve the stochastic policy before its ODE counterpart (RESULTS.md, PickCube).
+    # An RL update can improve the stochastic policy before its ODE counterpart (docs/notes.md).
     method: Literal["ode", "sde", "noise"] = "ode"
     noise_level: float = positive(SamplerConfig.noise_level)
     sde_mode: Literal["all", "mixed"] = SamplerConfig.sde_mode

@@ -62,10 +62,11 @@ class PPOConfig:
     actor_lr_warmup_iters: int = nonneg(0)
     # After the warm-up the actor's learning rate may decay to `actor_lr_final` x lr_actor at the run's last
     # iteration: constant steps kept moving a policy that had already reached its best (built-in Flow-SDE
-    # slipped from 0.91 to 0.80-0.86 over its last 100 of 200 iterations, RESULTS.md).
+    # slipped from 0.91 to 0.80-0.86 over its last 100 of 200 iterations, docs/notes.md).
     # `actor_lr_decay_start` delays the decay to that update (0-based): on PickCube a linear decay from the
-    # warm-up slowed the rise (+12/+14), while 150 updates at full lr and then 1e-5 gained +21 (RESULTS.md,
-    # tenth and eleventh attempts). `step` holds full lr until then and `actor_lr_final` x lr_actor after.
+    # warm-up slowed the rise (+12/+14), while full lr through the rise and then 1e-5 held the gain (the
+    # PickCube Flow-Noise preset, benchmarks/RESULTS.md). `step` holds full lr until then and
+    # `actor_lr_final` x lr_actor after.
     actor_lr_decay: Literal["constant", "linear", "cosine", "step"] = "constant"
     actor_lr_final: float = fraction(0.1)
     actor_lr_decay_start: int = nonneg(0)

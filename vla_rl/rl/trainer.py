@@ -114,10 +114,10 @@ def rollout_seed(seed: int, iteration: int, num_envs: int) -> int:
     ``rollout_seed + i``, so iterations take disjoint blocks of ``num_envs`` seeds, all at or above
     ROLLOUT_SEED_BASE: away from the demo collection seeds (0, 1, ...) and the evaluation seeds (10_000, ...).
 
-    Why: the earlier ``seed * 1_000_003 + iteration`` made iteration ``it`` use seeds ``it .. it + 15`` on
-    16 ManiSkill workers, so 100 iterations saw only 115 distinct initial states, and those were the
-    motion-planner demos' own seeds, where the SFT policy already succeeds (measured on PickCube: Flow-SDE
-    rollouts succeeded on 70-96 % of the envs while the held-out evaluation read 27 %)."""
+    Why: a seed that grows by 1 per iteration (``seed * 1_000_003 + iteration``) would make iteration ``it`` use
+    seeds ``it .. it + 15`` on 16 ManiSkill workers, so 100 iterations would see only 115 distinct initial
+    states, and those the motion-planner demos' own seeds, where the SFT policy already succeeds (measured on
+    PickCube: Flow-SDE rollouts succeeded on 70-96 % of the envs while the held-out evaluation read 27 %)."""
     return ROLLOUT_SEED_BASE * (seed + 1) + iteration * num_envs
 
 
