@@ -25,7 +25,7 @@ from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.rl.learner import Learner, PPOConfig
-from vla_rl.rl.rollout import LogProbConfig, collect_rollout
+from vla_rl.rl.rollout import collect_rollout
 
 
 def sync(device: torch.device) -> None:
@@ -50,8 +50,7 @@ def one_setting(args, n: int, device: torch.device) -> dict:
     actor = Actor(model, norm)
     sampler = SamplerConfig(args.num_steps, args.method)
     ppo = PPOConfig(update_epochs=args.epochs, minibatches=args.minibatches)
-    learner = Learner(actor, ppo, method=args.method, noise_level=sampler.noise_level, execute=args.execute,
-                      bf16=args.bf16)
+    learner = Learner(actor, ppo, bf16=args.bf16)
     gen = torch.Generator(device=device).manual_seed(0)
     roll, upd, steps = [], [], 0
     for it in range(args.repeats + 1):
@@ -59,7 +58,7 @@ def one_setting(args, n: int, device: torch.device) -> dict:
         sync(device)
         t0 = time.perf_counter()
         ro, _ = collect_rollout(actor, env, obs, num_chunks=args.chunks, sampler=sampler, execute=args.execute,
-                                log_prob=LogProbConfig(), generator=gen)
+                                generator=gen)
         sync(device)
         t1 = time.perf_counter()
         learner.update(ro, iteration=it)

@@ -681,7 +681,7 @@ def test_a_worker_killed_mid_rollout_drops_its_partial_episodes_from_the_update(
     from vla_rl.checkpoint import load_policy
     from vla_rl.rl.actor import Actor, SamplerConfig
     from vla_rl.rl.learner import Learner, PPOConfig
-    from vla_rl.rl.rollout import LogProbConfig, collect_rollout
+    from vla_rl.rl.rollout import collect_rollout
 
     model, norm, _ = load_policy(sft)
     actor = Actor(model, norm)
@@ -697,14 +697,14 @@ def test_a_worker_killed_mid_rollout_drops_its_partial_episodes_from_the_update(
     env.step = step
     try:
         ro, _ = collect_rollout(actor, env, env.reset(seed=0), num_chunks=4, sampler=SamplerConfig(3, "noise"),
-                                execute=4, log_prob=LogProbConfig(), generator=torch.Generator().manual_seed(0))
+                                execute=4, generator=torch.Generator().manual_seed(0))
     finally:
         env.close()
     # 16-step episodes, 4 steps a chunk: no episode ended before the death, so chunks 0-2 of envs 2-3 are dropped
     assert ro.lost_episodes == 2
     assert ro.valid.tolist() == [[True, True, False, False]] * 3 + [[True, True, True, True]]
     assert ro.terminated[2, 2:].all() and not ro.terminated[2, :2].any()   # no bootstrap across the restart
-    learner = Learner(actor, PPOConfig(update_epochs=1, minibatches=2), method="noise", noise_level=0.5, execute=4)
+    learner = Learner(actor, PPOConfig(update_epochs=1, minibatches=2))
     metrics = learner.update(ro, iteration=0)
     assert metrics["train/samples"] == 10 and learner.applied_steps == 2
     assert all(math.isfinite(v) for v in metrics.values())

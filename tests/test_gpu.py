@@ -15,7 +15,7 @@ from test_trainer import config, sft_checkpoint  # noqa: F401  (a fixture)
 from vla_rl.envs.builtin import ColorReachEnv
 from vla_rl.policies import flow
 from vla_rl.rl.actor import Actor, SamplerConfig
-from vla_rl.rl.rollout import LogProbConfig, collect_rollout
+from vla_rl.rl.rollout import collect_rollout
 from vla_rl.rl.trainer import Trainer, resume_trainer
 
 pytestmark = [pytest.mark.gpu,
@@ -94,8 +94,8 @@ def test_rollout_stays_on_the_device(sft_checkpoint):  # noqa: F811
     env = ColorReachEnv(8, device="cuda", seed=0)
     actor = Actor(model, norm)
     ro, _ = collect_rollout(actor, env, env.reset(seed=0), num_chunks=2, sampler=SamplerConfig(4, "noise"),
-                            execute=8, log_prob=LogProbConfig(), generator=torch.Generator("cuda").manual_seed(0))
-    for name in ("rewards", "values", "old_log_prob", "chain", "final_values", "last_values"):
+                            execute=8, generator=torch.Generator("cuda").manual_seed(0))
+    for name in ("rewards", "values", "log_probs", "chain", "final_values", "last_values"):
         assert getattr(ro, name).device.type == "cuda", name
     for name, value in ro.obs.items():
         assert value.device.type == "cuda", name

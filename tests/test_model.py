@@ -118,6 +118,20 @@ def test_noise_std_is_bounded(name):
     assert std.max() - std.min() > 0.5 * (cfg.noise_std_max - cfg.noise_std_min)
 
 
+@pytest.mark.parametrize("name", PRESETS)
+def test_parameter_groups_are_what_the_prefix_and_the_value_read(name):
+    """The prefix group is exactly the parameters the prefix's outputs depend on; the value group is the head."""
+    model = randomized(name)
+    groups = model.parameter_groups()
+    names = [n for n, _ in model.named_parameters()]
+    assert sorted(n for g in groups.values() for n in g) == sorted(names)   # a partition
+    prefix = model.encode_prefix(model.prepare(make_obs(model.cfg, 2)))
+    (sum(k.sum() + v.sum() for k, v in zip(prefix.keys, prefix.values)) + prefix.hidden.sum()).backward()
+    reached = {n for n, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    assert reached == set(groups["prefix"])
+    assert set(groups["value"]) == {n for n in names if n.startswith("value_head.")}
+
+
 @pytest.mark.parametrize("source", ["expert", "prefix"])
 def test_value_head_source_and_stop_gradient(source):
     for detach in (False, True):

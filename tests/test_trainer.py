@@ -12,7 +12,7 @@ from vla_rl.config import ConfigError, from_dict, policy_preset
 from vla_rl.data.collect import collect_builtin_demos
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.rl.actor import Actor
+from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.rl.trainer import TrainConfig, Trainer, resume_trainer
 from vla_rl.sft import SFTConfig, train_sft
 
@@ -183,9 +183,9 @@ def test_grpo_chunk_advantages_by_hand():
     term = torch.tensor([[False, False, True, True], [True, False, False, False], [False, False, False, False]])
     success = torch.tensor([[False, False, False, False], [True, False, False, False], [False] * 4])
     z = torch.zeros(3, 4)
-    ro = Rollout(obs={}, chain=z, stochastic=z, old_log_prob=z, entropy=z, values=z, rewards=rewards,
+    ro = Rollout(obs={}, chain=z, stochastic=z, log_probs=z, entropy=z, values=z, rewards=rewards,
                  terminated=term, truncated=torch.zeros_like(term), success=success, final_values=z,
-                 last_values=torch.zeros(4))
+                 last_values=torch.zeros(4), sampler=SamplerConfig(4, "sde"), execute=8)
     adv, mask = grpo_chunk_advantages(ro, group_size=2, filter_degenerate=True)
     a = (1.5 - 0.9) / (0.6 + 1e-6)
     torch.testing.assert_close(adv[:, 0], torch.tensor([a, a, 0.0]))
@@ -206,17 +206,15 @@ def test_grpo_run_groups_envs_by_initial_state(sft_checkpoint, tmp_path):
 def test_critic_warm_up_moves_the_value_head_only(sft_checkpoint):
     from vla_rl.checkpoint import load_policy
     from vla_rl.envs.builtin import ColorReachEnv
-    from vla_rl.rl.actor import SamplerConfig
     from vla_rl.rl.learner import Learner, PPOConfig
-    from vla_rl.rl.rollout import LogProbConfig, collect_rollout
+    from vla_rl.rl.rollout import collect_rollout
 
     model, norm, _ = load_policy(sft_checkpoint)
     actor = Actor(model, norm)
     env = ColorReachEnv(8, seed=0)
-    learner = Learner(actor, PPOConfig(critic_warmup_iters=1, update_epochs=1, minibatches=2), method="sde",
-                      noise_level=0.5, execute=8)
+    learner = Learner(actor, PPOConfig(critic_warmup_iters=1, update_epochs=1, minibatches=2))
     ro, _ = collect_rollout(actor, env, env.reset(seed=0), num_chunks=2, sampler=SamplerConfig(4, "sde"),
-                            execute=8, log_prob=LogProbConfig(), generator=torch.Generator().manual_seed(0))
+                            execute=8, generator=torch.Generator().manual_seed(0))
 
     def snapshot():
         return {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -228,6 +226,44 @@ def test_critic_warm_up_moves_the_value_head_only(sft_checkpoint):
     assert moved and all(n.startswith("value_head") for n in moved), moved
     learner.update(ro, iteration=1)  # after the warm-up the policy trains too
     assert any(not torch.equal(after[n], p) for n, p in model.named_parameters() if not n.startswith("value_head"))
+
+
+@pytest.mark.parametrize("method", ["sde", "noise"])
+def test_the_rollout_records_its_sampler_and_the_learner_recomputes_its_log_probs(sft_checkpoint, method):
+    """Before any update the learner's recomputed chunk log-probs equal the rollout's own (ratio 1), read with
+    the sampler and ``execute`` the rollout recorded."""
+    from vla_rl.checkpoint import load_policy
+    from vla_rl.envs.builtin import ColorReachEnv
+    from vla_rl.policies import flow
+    from vla_rl.rl.losses import LogProbConfig, aggregate_log_prob
+    from vla_rl.rl.rollout import collect_rollout
+
+    model, norm, _ = load_policy(sft_checkpoint)
+    actor = Actor(model, norm)
+    env = ColorReachEnv(4, seed=0)
+    sampler = SamplerConfig(3, method, noise_level=0.4)
+    ro, _ = collect_rollout(actor, env, env.reset(seed=0), num_chunks=2, sampler=sampler, execute=5,
+                            generator=torch.Generator().manual_seed(0))
+    assert ro.sampler == sampler and ro.execute == 5 and ro.log_probs.shape[:3] == (2, 4, 3)
+    flat = lambda x: x.reshape(8, *x.shape[2:])  # noqa: E731
+    with torch.no_grad():
+        re = flow.chain_log_prob(model.field(model.encode_prefix({k: flat(v) for k, v in ro.obs.items()})),
+                                 flat(ro.chain), flat(ro.stochastic), method=method, noise_level=0.4)
+    cfg = LogProbConfig()
+    old = aggregate_log_prob(flat(ro.log_probs), flat(ro.stochastic), cfg, executed=5, dim_mask=actor.dim_mask)
+    new = aggregate_log_prob(re.log_probs, flat(ro.stochastic), cfg, executed=5, dim_mask=actor.dim_mask)
+    torch.testing.assert_close(new, old, atol=1e-4, rtol=1e-5)
+
+
+def test_freeze_prefix_leaves_the_models_prefix_group_out_of_the_optimizer():
+    from vla_rl.rl.learner import Learner, PPOConfig
+
+    model = FlowPolicy(policy_preset("tiny", SMALL))
+    learner = Learner(Actor(model, NormStats(Stats.identity(4), Stats.identity(2))), PPOConfig(freeze_prefix=True))
+    groups = model.parameter_groups()
+    optimized = {id(p) for g in learner.optimizer.param_groups for p in g["params"]}
+    assert not any(p.requires_grad or id(p) in optimized for p in groups["prefix"].values())
+    assert all(id(p) in optimized for g in ("expert", "value") for p in groups[g].values())
 
 
 def test_actor_learning_rate_schedule_by_hand():
@@ -309,11 +345,10 @@ def test_reward_scale_scales_the_value_targets(sft_checkpoint, tmp_path):
     term = torch.tensor([[True, False], [False, False]])
     values = torch.tensor([[-0.1, -0.2], [-0.3, -0.4]])
     z = torch.zeros(2, 2)
-    ro = Rollout(obs={}, chain=z, stochastic=z, old_log_prob=z, entropy=z, values=values, rewards=rewards,
+    ro = Rollout(obs={}, chain=z, stochastic=z, log_probs=z, entropy=z, values=values, rewards=rewards,
                  terminated=term, truncated=torch.zeros_like(term), success=term, final_values=z,
-                 last_values=torch.tensor([-0.5, -0.6]))
-    learner = Learner(actor, PPOConfig(reward_scale=0.05, gamma=0.9, lam=1.0, normalize_advantages=False),
-                      method="sde", noise_level=0.5, execute=8)
+                 last_values=torch.tensor([-0.5, -0.6]), sampler=SamplerConfig(4, "sde"), execute=8)
+    learner = Learner(actor, PPOConfig(reward_scale=0.05, gamma=0.9, lam=1.0, normalize_advantages=False))
     _, ret, _ = learner.compute_advantages(ro)
     # lam = 1: returns are the discounted scaled rewards plus the discounted bootstrap value
     expected = torch.tensor([[-0.2, -0.1 + 0.9 * (-0.4 + 0.9 * -0.6)], [-0.3 + 0.9 * -0.5, -0.4 + 0.9 * -0.6]])

@@ -19,10 +19,8 @@ from vla_rl.policies import flow
 from vla_rl.rl import advantages as adv_lib
 from vla_rl.rl import losses
 from vla_rl.rl.actor import Actor
-from vla_rl.rl.rollout import LogProbConfig, Rollout, aggregate_log_prob
-
-PREFIX_MODULES = ("patch_embed", "vision_pos", "vision_blocks", "vision_norm", "vision_proj", "text_embed",
-                  "state_proj", "state_embed", "state_dim_embed", "prefix_layers", "prefix_norm")
+from vla_rl.rl.losses import LogProbConfig, aggregate_log_prob
+from vla_rl.rl.rollout import Rollout
 
 
 @dataclass(frozen=True)
@@ -84,20 +82,20 @@ class PPOConfig:
 
 
 class Learner:
-    def __init__(self, actor: Actor, cfg: PPOConfig, *, method: str, noise_level: float, execute: int,
-                 bf16: bool = False, total_iterations: int | None = None):
-        self.actor, self.cfg, self.method = actor, cfg, method
+    """PPO on ``actor``'s model. Each rollout says how it was sampled (``Rollout.sampler``, ``.execute``); the
+    learner recomputes the chain's log-densities the same way and aggregates both old and new ones with
+    ``cfg.log_prob``."""
+
+    def __init__(self, actor: Actor, cfg: PPOConfig, *, bf16: bool = False, total_iterations: int | None = None):
+        self.actor, self.cfg = actor, cfg
         self.total_iterations = total_iterations  # the decay's end; None: no decay (constant after warm-up)
-        self.noise_level, self.execute = noise_level, execute
         model = actor.model
-        if cfg.freeze_prefix:
-            for name in PREFIX_MODULES:  # "train the expert only"
-                mod = getattr(model, name, None)
-                if mod is not None:
-                    mod.requires_grad_(False)
-        critic = [p for n, p in model.named_parameters() if n.startswith("value_head") and p.requires_grad]
-        actor_params = [p for n, p in model.named_parameters()
-                        if not n.startswith("value_head") and p.requires_grad]
+        groups = model.parameter_groups()
+        if cfg.freeze_prefix:   # "train the expert only"
+            for p in groups["prefix"].values():
+                p.requires_grad_(False)
+        critic = [p for p in groups["value"].values() if p.requires_grad]
+        actor_params = [p for n, p in model.named_parameters() if n not in groups["value"] and p.requires_grad]
         self.optimizer = torch.optim.AdamW([
             {"params": actor_params, "lr": cfg.lr_actor, "name": "actor"},
             {"params": critic, "lr": cfg.lr_critic, "name": "critic"},
@@ -132,9 +130,14 @@ class Learner:
         self.applied_steps = 0
         if total == 0:  # e.g. GRPO with every group all-success or all-failure: nothing to learn from
             return {"train/samples": 0.0, "train/skipped_steps": float(self.skipped_steps)}
+        if ro.sampler.method == "ode":
+            raise ValueError("the rollout was sampled with the ODE sampler, which has no likelihood: PPO needs "
+                             "method sde or noise")
         obs = {k: flat(v) for k, v in ro.obs.items()}
         chain, stoch = flat(ro.chain), flat(ro.stochastic)
-        old_lp, old_v, adv, ret = flat(ro.old_log_prob), flat(ro.values), flat(adv), flat(ret)
+        old_lp = aggregate_log_prob(flat(ro.log_probs), stoch, cfg.log_prob, executed=ro.execute,
+                                    dim_mask=self.actor.dim_mask)
+        old_v, adv, ret = flat(ro.values), flat(adv), flat(ret)
         critic_only = iteration < cfg.critic_warmup_iters
         lr_actor = cfg.lr_actor * actor_lr_scale(iteration, cfg, self.total_iterations)
         for group in self.optimizer.param_groups:  # the schedule is a function of the iteration alone
@@ -158,7 +161,7 @@ class Learner:
                 for idx in micro:
                     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
                         loss, m = self._loss({k: v[idx] for k, v in obs.items()}, chain[idx], stoch[idx],
-                                             old_lp[idx], old_v[idx], adv[idx], ret[idx], critic_only)
+                                             old_lp[idx], old_v[idx], adv[idx], ret[idx], critic_only, ro)
                     (loss * idx.numel() / mb.numel()).backward()
                     for k, v in m.items():
                         mb_metrics[k] = mb_metrics.get(k, 0.0) + v * idx.numel() / mb.numel()
@@ -195,7 +198,7 @@ class Learner:
         out["train/advantage_mean"] = float(adv.mean())
         return out
 
-    def _loss(self, obs, chain, stoch, old_lp, old_v, adv, ret, critic_only):
+    def _loss(self, obs, chain, stoch, old_lp, old_v, adv, ret, critic_only, ro: Rollout):
         cfg, model = self.cfg, self.actor.model
         prefix = model.encode_prefix(obs)
         value = model.value(prefix)
@@ -203,9 +206,9 @@ class Learner:
                                             huber_delta=cfg.huber_delta)
         loss = cfg.value_coef * v_loss
         if not critic_only:
-            re = flow.chain_log_prob(model.field(prefix), chain, stoch, method=self.method,
-                                     noise_level=self.noise_level)
-            new_lp = aggregate_log_prob(re.log_probs, stoch, cfg.log_prob, executed=self.execute,
+            re = flow.chain_log_prob(model.field(prefix), chain, stoch, method=ro.sampler.method,
+                                     noise_level=ro.sampler.noise_level)
+            new_lp = aggregate_log_prob(re.log_probs, stoch, cfg.log_prob, executed=ro.execute,
                                         dim_mask=self.actor.dim_mask)
             pg, pm = losses.ppo_policy_loss(new_log_prob=new_lp, old_log_prob=old_lp, advantages=adv,
                                             clip=cfg.clip, dual_clip=cfg.dual_clip)
@@ -213,7 +216,7 @@ class Learner:
             loss = loss + pg
             if cfg.entropy_coef:
                 ent = flow.aggregate(re.entropy, stoch, steps="mean", actions="mean", dims="mean",
-                                     executed=self.execute, dim_mask=self.actor.dim_mask).mean()
+                                     executed=ro.execute, dim_mask=self.actor.dim_mask).mean()
                 loss = loss - cfg.entropy_coef * ent
                 metrics["losses/entropy"] = float(ent)
         metrics["losses/total"] = float(loss.detach())

@@ -1,14 +1,50 @@
-"""PPO losses (pure functions returning ``(loss, metrics)``).
+"""PPO losses (pure functions returning ``(loss, metrics)``) and how a chunk's log-prob is formed from the
+sampler's per-element log-densities (:class:`LogProbConfig`, :func:`aggregate_log_prob`).
 
-Glossary: B samples in a minibatch (chunks); an optional trailing axis of action dims when the ratio is
-taken per action dim.
+Glossary: B samples in a minibatch (chunks); K denoising steps, H actions per chunk, A model action dims; an
+optional trailing axis of action dims when the ratio is taken per action dim.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from vla_rl.policies import flow
+
+
+@dataclass(frozen=True)
+class LogProbConfig:
+    """How per-element log-densities ``[K, H, A]`` become the PPO log-prob of a chunk.
+
+    Default (πRL): mean over the stochastic denoising steps, sum over the executed actions and the real
+    action dims. Summing over K as well multiplies the log-ratio by K and blows PPO ratios up.
+    ``ratio="dim"`` keeps one ratio per action dim instead of one per chunk.
+    """
+
+    steps: str = "mean"
+    actions: str = "sum"
+    dims: str = "sum"
+    ratio: str = "chunk"
+
+    def __post_init__(self):
+        for name in ("steps", "actions", "dims"):
+            if getattr(self, name) not in ("sum", "mean"):
+                raise ValueError(f"log_prob.{name} must be 'sum' or 'mean', got {getattr(self, name)!r}")
+        if self.ratio not in ("chunk", "dim"):
+            raise ValueError(f"log_prob.ratio must be 'chunk' or 'dim', got {self.ratio!r}")
+
+
+def aggregate_log_prob(per_element: Tensor, stochastic: Tensor, cfg: LogProbConfig, *, executed: int,
+                       dim_mask: Tensor) -> Tensor:
+    """``[B, K, H, A]`` -> ``[B]`` (chunk ratio) or ``[B, A_real]`` (per-dim ratio)."""
+    dims = "none" if cfg.ratio == "dim" else cfg.dims
+    out = flow.aggregate(per_element, stochastic, steps=cfg.steps, actions=cfg.actions, dims=dims,
+                         executed=executed, dim_mask=dim_mask)
+    return out[:, dim_mask] if cfg.ratio == "dim" else out
 
 
 def _masked_mean(x: Tensor, mask: Tensor | None) -> Tensor:

@@ -1,5 +1,7 @@
 """Rollout collection: the policy samples action chunks, the env executes them, and everything PPO
-needs is stored on the policy's device.
+needs is stored on the policy's device, with how it was sampled (the sampler, the executed actions per chunk)
+so the learner reads that from the rollout. The per-element log-densities are stored as sampled; how they
+become a chunk's log-prob is the loss's choice (:func:`vla_rl.rl.losses.aggregate_log_prob`).
 
 Glossary: T chunk steps, N envs, K denoising steps, H actions per chunk, A model action dims.
 """
@@ -13,37 +15,6 @@ from torch import Tensor
 
 from vla_rl.policies import flow
 from vla_rl.rl.actor import Actor, SamplerConfig
-
-
-@dataclass(frozen=True)
-class LogProbConfig:
-    """How per-element log-densities ``[K, H, A]`` become the PPO log-prob of a chunk.
-
-    Default (πRL): mean over the stochastic denoising steps, sum over the executed actions and the real
-    action dims. Summing over K as well multiplies the log-ratio by K and blows PPO ratios up.
-    ``ratio="dim"`` keeps one ratio per action dim instead of one per chunk.
-    """
-
-    steps: str = "mean"
-    actions: str = "sum"
-    dims: str = "sum"
-    ratio: str = "chunk"
-
-    def __post_init__(self):
-        for name in ("steps", "actions", "dims"):
-            if getattr(self, name) not in ("sum", "mean"):
-                raise ValueError(f"log_prob.{name} must be 'sum' or 'mean', got {getattr(self, name)!r}")
-        if self.ratio not in ("chunk", "dim"):
-            raise ValueError(f"log_prob.ratio must be 'chunk' or 'dim', got {self.ratio!r}")
-
-
-def aggregate_log_prob(per_element: Tensor, stochastic: Tensor, cfg: LogProbConfig, *, executed: int,
-                       dim_mask: Tensor) -> Tensor:
-    """``[B, K, H, A]`` -> ``[B]`` (chunk ratio) or ``[B, A_real]`` (per-dim ratio)."""
-    dims = "none" if cfg.ratio == "dim" else cfg.dims
-    out = flow.aggregate(per_element, stochastic, steps=cfg.steps, actions=cfg.actions, dims=dims,
-                         executed=executed, dim_mask=dim_mask)
-    return out[:, dim_mask] if cfg.ratio == "dim" else out
 
 
 def first_episode_mask(env_index: list[int]) -> list[bool]:
@@ -72,8 +43,8 @@ class Rollout:
     obs: dict[str, Tensor]       # model inputs: images, state (normalised, padded), tokens, token_mask
     chain: Tensor                # [T, N, K+1, H, A]
     stochastic: Tensor           # [T, N, K]
-    old_log_prob: Tensor         # [T, N] or [T, N, A_real]
-    entropy: Tensor              # [T, N] aggregated like the log-prob (Flow-Noise / SDE step entropies)
+    log_probs: Tensor            # [T, N, K, H, A] per-element log-densities of the chain's steps, as sampled
+    entropy: Tensor              # [T, N] mean step entropy over the stochastic steps, executed actions, real dims
     values: Tensor               # [T, N]
     rewards: Tensor              # [T, N]  sum of the executed sub-step rewards
     terminated: Tensor           # [T, N]
@@ -81,6 +52,8 @@ class Rollout:
     success: Tensor              # [T, N]  task solved at the chunk's last executed sub-step
     final_values: Tensor         # [T, N]  V(final obs) where truncated, else 0
     last_values: Tensor          # [N]     V(obs after the last chunk)
+    sampler: SamplerConfig       # how the chunks were drawn (method, noise level, K)
+    execute: int                 # actions executed of each chunk (the rest never reached the env)
     episodes: dict[str, list] = field(default_factory=dict)
     env_steps: int = 0
     # [T, N] bool, False on the chunks of episodes lost to a dead env worker (dropped from the update);
@@ -99,7 +72,7 @@ def _model_inputs(actor: Actor, obs: dict) -> dict[str, Tensor]:
 
 
 def collect_rollout(actor: Actor, env, obs: dict, *, num_chunks: int, sampler: SamplerConfig, execute: int,
-                    log_prob: LogProbConfig, generator: torch.Generator | None = None) -> tuple[Rollout, dict]:
+                    generator: torch.Generator | None = None) -> tuple[Rollout, dict]:
     """Run ``num_chunks`` chunk steps from ``obs``; returns the rollout and the next observation.
 
     Sampling runs in inference mode (no graphs); the stored tensors are cloned out of it at the end so
@@ -107,7 +80,7 @@ def collect_rollout(actor: Actor, env, obs: dict, *, num_chunks: int, sampler: S
     """
     with torch.inference_mode():
         rollout, obs = _collect(actor, env, obs, num_chunks=num_chunks, sampler=sampler, execute=execute,
-                                log_prob=log_prob, generator=generator)
+                                generator=generator)
     plain = lambda x: x.clone() if torch.is_tensor(x) else x  # noqa: E731
     rollout = Rollout(**{k: ({kk: plain(vv) for kk, vv in v.items()} if k == "obs" else plain(v))
                          for k, v in vars(rollout).items()})
@@ -115,9 +88,9 @@ def collect_rollout(actor: Actor, env, obs: dict, *, num_chunks: int, sampler: S
 
 
 def _collect(actor: Actor, env, obs: dict, *, num_chunks: int, sampler: SamplerConfig, execute: int,
-             log_prob: LogProbConfig, generator: torch.Generator | None) -> tuple[Rollout, dict]:
+             generator: torch.Generator | None) -> tuple[Rollout, dict]:
     model, dim_mask = actor.model, actor.dim_mask
-    store: dict[str, list] = {k: [] for k in ("chain", "stochastic", "old_log_prob", "entropy", "values",
+    store: dict[str, list] = {k: [] for k in ("chain", "stochastic", "log_probs", "entropy", "values",
                                               "rewards", "terminated", "truncated", "success", "final_values")}
     obs_store: dict[str, list] = {k: [] for k in ("images", "state", "tokens", "token_mask")}
     episodes: dict[str, list] = {}
@@ -142,8 +115,7 @@ def _collect(actor: Actor, env, obs: dict, *, num_chunks: int, sampler: SamplerC
         s = act.sample
         store["chain"].append(s.chain)
         store["stochastic"].append(s.stochastic)
-        store["old_log_prob"].append(aggregate_log_prob(s.log_probs, s.stochastic, log_prob,
-                                                        executed=execute, dim_mask=dim_mask))
+        store["log_probs"].append(s.log_probs)
         store["entropy"].append(flow.aggregate(s.entropy, s.stochastic, steps="mean", actions="mean",
                                                dims="mean", executed=execute, dim_mask=dim_mask))
         store["values"].append(value)
@@ -169,6 +141,7 @@ def _collect(actor: Actor, env, obs: dict, *, num_chunks: int, sampler: SamplerC
     last_values = model.value(model.encode_prefix(_model_inputs(actor, obs)))
     rollout = Rollout(obs={k: torch.stack(v) for k, v in obs_store.items()},
                       **{k: torch.stack(v) for k, v in store.items()}, last_values=last_values,
+                      sampler=sampler, execute=execute,
                       episodes=episodes, env_steps=env_steps,
                       valid=torch.stack(valid) if lost_episodes else None, lost_episodes=lost_episodes)
     return rollout, obs

@@ -171,8 +171,7 @@ class Trainer:
             raise ConfigError(f"execute={cfg.execute} exceeds the policy's action_horizon "
                               f"{model.cfg.action_horizon}")
         self.actor = Actor.for_env(model, norm, spec)
-        self.learner = Learner(self.actor, cfg.ppo, method=cfg.sampler.method, noise_level=cfg.sampler.noise_level,
-                               execute=cfg.execute, bf16=cfg.bf16, total_iterations=cfg.iterations)
+        self.learner = Learner(self.actor, cfg.ppo, bf16=cfg.bf16, total_iterations=cfg.iterations)
         self.iteration = 0
         self.history: list[dict] = []
         self.skipped_in_a_row = 0
@@ -316,8 +315,7 @@ class Trainer:
             obs = self.env.reset(seed=seed, group_size=cfg.ppo.group_size) if grpo else self.env.reset(seed=seed)
             gen = torch.Generator(device=self.device).manual_seed(seed)
             ro, _ = collect_rollout(self.actor, self.env, obs, num_chunks=cfg.rollout_chunks,
-                                    sampler=cfg.sampler, execute=cfg.execute, log_prob=cfg.ppo.log_prob,
-                                    generator=gen)
+                                    sampler=cfg.sampler, execute=cfg.execute, generator=gen)
             t_roll = time.perf_counter() - t0
             metrics = self.learner.update(ro, iteration=it)
             self.iteration = it + 1
@@ -334,6 +332,8 @@ class Trainer:
                 m["rollout/success_first"] = sum(first) / len(first)
                 m["rollout/first_episodes"] = len(first)
             m["rollout/chunk_reward"] = float(ro.rewards.mean())
+            # The sampler's mean Gaussian step entropy: how much the stochastic policy still explores.
+            m["rollout/entropy"] = float(ro.entropy.mean())
             if ro.lost_episodes:
                 m["rollout/lost_episodes"] = ro.lost_episodes
             m.update(metrics)
