@@ -336,13 +336,13 @@ class ExportedPolicy:
         images = torch.stack(cams, dim=1) if cams else torch.zeros(n, 0, size, size, 3, dtype=torch.uint8,
                                                                     device=dev)
         state = state_to_model(self.norm, torch.from_numpy(batch.state).to(dev), cfg.state_dim)
-        prefix = self.model.encode_prefix({"images": images, "state": state, "instruction": batch.prompts})
+        prefix = self.model.encode_prefix({"images": images, "state": state, "instruction": batch.prompts},
+                                          hidden=False)
         # Noise is drawn on the CPU, so a seed gives the same chunk on any device.
         gen = None if batch.seed is None else torch.Generator().manual_seed(batch.seed)
         noise = torch.randn(n, cfg.action_horizon, cfg.action_dim, generator=gen).to(dev)
-        sample = flow.sample(self.model.field(prefix), noise, num_steps=self.spec.num_steps, method="ode")
+        x = flow.denoise(self.model.velocity_field(prefix), noise, num_steps=self.spec.num_steps)
         low, high = self.spec.action_low, self.spec.action_high
-        x = sample.actions.float()
         if low is None and high is None:
             actions = self.norm.action.unnormalize(x[..., : self.spec.action_dim], self.norm.mode)
         else:

@@ -16,7 +16,8 @@ The chain ``x_0..x_K`` is stored as ``chain[:, k]``: ``chain[:, 0]`` is the init
 ``chain[:, K]`` the action (t=0). Step ``k`` maps ``chain[:, k]`` (time ``t_k``) to ``chain[:, k+1]``.
 
 Methods:
-  - ``"ode"``   deterministic Euler, sigma = 0 (evaluation and deployment).
+  - ``"ode"``   deterministic Euler, sigma = 0 (evaluation and deployment; :func:`denoise` is its fast
+                path when only the actions are wanted).
   - ``"sde"``   Flow-SDE: the ODE turned into an SDE with the same marginals,
                 sigma_t = a * sqrt(t / (1 - t)); ``sde_mode="all"`` makes every step stochastic,
                 ``"mixed"`` one step per sample chosen at random (the others ODE): the cheap default,
@@ -230,6 +231,23 @@ def sample(
         init_log_prob=gaussian_log_prob(noise.float(), torch.zeros_like(x), torch.ones_like(x)),
         entropy=torch.stack(entropy, dim=1),
     )
+
+
+def denoise(field: Field, noise: Tensor, *, num_steps: int) -> Tensor:
+    """Deterministic Euler denoising of ``noise`` ``[N, H, A]`` into an action chunk ``[N, H, A]``.
+
+    The deployment / evaluation path: the same actions as ``sample(..., method="ode").actions``, bit for
+    bit, without what only training needs (step noise, log-densities, entropies, the stored chain). The
+    field may return the velocity alone (cheapest: no std head) or ``(velocity, std)``.
+    """
+    _check_chunk("noise", noise)
+    n = noise.shape[0]
+    grid = time_grid(num_steps, device=noise.device)
+    x = noise.float()
+    for k in range(num_steps):
+        v, _ = _eval_field(field, x, grid[k].expand(n), need_std=False)
+        x = ode_mean(x, v, grid[k] - grid[k + 1])
+    return x
 
 
 def _masked_log_prob(x_next: Tensor, mean: Tensor, std: Tensor, stoch: Tensor) -> tuple[Tensor, Tensor]:

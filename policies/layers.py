@@ -52,14 +52,24 @@ class AdaRMSNorm(nn.Module):
         return (y * (1.0 + scale.float()) + shift.float()).to(x.dtype), gate
 
 
-def rotary(x: Tensor, positions: Tensor, base: float) -> Tensor:
-    """Rotate ``x`` ``[N, heads, L, D]`` by ``positions`` ``[N, L]`` (rotate-half convention)."""
-    d = x.shape[-1]
-    inv_freq = base ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)  # [D/2]
+def rotary_tables(positions: Tensor, head_dim: int, base: float) -> tuple[Tensor, Tensor]:
+    """cos and sin ``[N, 1, L, D/2]`` of rotary angles at ``positions`` ``[N, L]``. They depend on the
+    positions only, so a forward computes them once and every layer's queries and keys share them."""
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
     angles = positions.float()[:, None, :, None] * inv_freq                                # [N,1,L,D/2]
-    cos, sin = angles.cos(), angles.sin()
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+    """Rotate ``x`` ``[N, heads, L, D]`` by the tables of :func:`rotary_tables` (rotate-half convention)."""
+    cos, sin = rope
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+def rotary(x: Tensor, positions: Tensor, base: float) -> Tensor:
+    """Rotate ``x`` ``[N, heads, L, D]`` by ``positions`` ``[N, L]`` (rotate-half convention)."""
+    return apply_rotary(x, rotary_tables(positions, x.shape[-1], base))
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
@@ -106,14 +116,27 @@ class StreamLayer(nn.Module):
     def _norm(self, norm: nn.Module, x: Tensor, cond: Tensor | None) -> tuple[Tensor, Tensor | None]:
         return norm(x, cond) if self.adaptive else (norm(x), None)
 
-    def project(self, h: Tensor, positions: Tensor, cond: Tensor | None = None):
-        """``h`` ``[N, L, W]`` -> q ``[N, Hq, L, D]``, k, v ``[N, Hkv, L, D]``, attention gate."""
+    def project(self, h: Tensor, rope: tuple[Tensor, Tensor], cond: Tensor | None = None):
+        """``h`` ``[N, L, W]`` -> q ``[N, Hq, L, D]``, k, v ``[N, Hkv, L, D]``, attention gate. ``rope``: the
+        rotary tables of the tokens' positions (:func:`rotary_tables`)."""
         n, length, _ = h.shape
         x, gate = self._norm(self.input_norm, h, cond)
         q = self.q_proj(x).view(n, length, self.num_heads, self.head_dim).transpose(1, 2)
+        k, v = self._keys_values(x)
+        return apply_rotary(q, rope), apply_rotary(k, rope), v, gate
+
+    def keys_values(self, h: Tensor, rope: tuple[Tensor, Tensor], cond: Tensor | None = None):
+        """Rotated keys and values ``[N, Hkv, L, D]`` alone: what a layer whose outputs nobody reads still
+        hands to the layer's other stream."""
+        x, _ = self._norm(self.input_norm, h, cond)
+        k, v = self._keys_values(x)
+        return apply_rotary(k, rope), v
+
+    def _keys_values(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        n, length, _ = x.shape
         k = self.k_proj(x).view(n, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(n, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        return rotary(q, positions, self.rope_base), rotary(k, positions, self.rope_base), v, gate
+        return k, v
 
     def finish(self, h: Tensor, attn: Tensor, attn_gate: Tensor | None, cond: Tensor | None = None) -> Tensor:
         """Residual update of ``h`` given this stream's attention output ``attn`` ``[N, Hq, L, D]``."""

@@ -23,7 +23,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import PolicyConfig
-from .layers import RMSNorm, StreamLayer, ViTBlock, attention, sincos_2d_positions, sincos_time_embedding
+from .layers import (
+    RMSNorm,
+    StreamLayer,
+    ViTBlock,
+    attention,
+    rotary_tables,
+    sincos_2d_positions,
+    sincos_time_embedding,
+)
 from .tokenizer import tokenize
 
 
@@ -33,13 +41,14 @@ class Prefix:
 
     keys / values  L x ``[N, Hkv, P, D]``  per-layer keys (rotated) and values
     mask           ``[N, P]`` bool          valid prefix tokens
-    hidden         ``[N, P, Wp]``           final-normed prefix output (read by a prefix value head)
+    hidden         ``[N, P, Wp]`` or None   final-normed prefix output (read by a prefix value head; None
+                                            when encoded for sampling only, ``encode_prefix(hidden=False)``)
     """
 
     keys: list[Tensor]
     values: list[Tensor]
     mask: Tensor
-    hidden: Tensor
+    hidden: Tensor | None
 
     @property
     def batch_size(self) -> int:
@@ -49,7 +58,7 @@ class Prefix:
         """Each observation ``times`` times in a row (e.g. several chunks sampled per observation)."""
         rep = lambda x: x.repeat_interleave(times, dim=0)  # noqa: E731
         return Prefix([rep(k) for k in self.keys], [rep(v) for v in self.values], rep(self.mask),
-                      rep(self.hidden))
+                      None if self.hidden is None else rep(self.hidden))
 
 
 @dataclass
@@ -61,6 +70,17 @@ class ExpertOutput:
     noise_std: Tensor
     value: Tensor
     features: Tensor
+
+
+@dataclass
+class _ExpertContext:
+    """Per-prefix state of the denoising steps: the action tokens' rotary tables, the attention mask
+    ``[N, 1, 1, P + H]``, and (sampling without gradients) per-layer key/value buffers ``[N, Hkv, P + H, D]``."""
+
+    rope: tuple[Tensor, Tensor]
+    attn_mask: Tensor
+    keys: list[Tensor] | None = None
+    values: list[Tensor] | None = None
 
 
 class FlowPolicy(nn.Module):
@@ -207,37 +227,91 @@ class FlowPolicy(nn.Module):
     # ------------------------------------------------------------------------------------------------
     # Cached path
     # ------------------------------------------------------------------------------------------------
-    def encode_prefix(self, obs: dict) -> Prefix:
-        """Run the prefix backbone once; keep every layer's keys/values for the denoising steps."""
+    def encode_prefix(self, obs: dict, *, hidden: bool = True) -> Prefix:
+        """Run the prefix backbone once; keep every layer's keys/values for the denoising steps.
+
+        ``hidden=False`` (sampling for deployment): the last layer computes its keys and values only. Its
+        attention output and MLP feed nothing but ``Prefix.hidden`` (a prefix-sourced value head), so they
+        are skipped, a quarter of the backbone's work at depth 4; ``hidden`` is then None."""
         h, mask = self.embed_prefix(obs)
         positions = mask.long().cumsum(dim=1) - 1
+        rope = rotary_tables(positions, self.cfg.head_dim, self.cfg.rope_base)
         attn_mask = mask[:, None, None, :]
         keys, values = [], []
-        for layer in self.prefix_layers:
-            q, k, v, gate = layer.project(h, positions)
+        last = len(self.prefix_layers) - 1
+        for i, layer in enumerate(self.prefix_layers):
+            if i == last and not hidden:
+                k, v = layer.keys_values(h, rope)
+                keys.append(k)
+                values.append(v)
+                break
+            q, k, v, gate = layer.project(h, rope)
             keys.append(k)
             values.append(v)
             h = layer.finish(h, attention(q, k, v, attn_mask), gate)
-        return Prefix(keys, values, mask, self.prefix_norm(h))
+        return Prefix(keys, values, mask, self.prefix_norm(h) if hidden else None)
 
     def _action_positions(self, prefix_mask: Tensor) -> Tensor:
         start = prefix_mask.long().sum(dim=1, keepdim=True)
         return start + torch.arange(self.cfg.action_horizon, device=prefix_mask.device)[None, :]
 
-    def expert(self, prefix: Prefix, x_t: Tensor, t: Tensor) -> ExpertOutput:
-        """One expert pass at ``x_t`` ``[N, H, A]``, times ``t`` ``[N]``: velocity, noise std, value."""
+    def _expert_context(self, prefix: Prefix) -> _ExpertContext:
+        """What every denoising step of one prefix shares: the action tokens' rotary tables and mask."""
+        mask = prefix.mask
+        n, horizon = mask.shape[0], self.cfg.action_horizon
+        rope = rotary_tables(self._action_positions(mask), self.cfg.head_dim, self.cfg.rope_base)
+        attn_mask = torch.cat([mask, torch.ones(n, horizon, dtype=torch.bool, device=mask.device)],
+                              dim=1)[:, None, None, :]
+        return _ExpertContext(rope, attn_mask)
+
+    def _expert_features(self, prefix: Prefix, x_t: Tensor, t: Tensor, ctx: _ExpertContext) -> Tensor:
+        """The expert's final-normed action features ``[N, H, We]``."""
         if x_t.shape[0] != prefix.batch_size:
             raise ValueError(f"x_t has batch {x_t.shape[0]} but the prefix has {prefix.batch_size}")
         h, cond = self._embed_actions(x_t, t)
-        positions = self._action_positions(prefix.mask)
-        n, horizon = h.shape[:2]
-        attn_mask = torch.cat([prefix.mask, torch.ones(n, horizon, dtype=torch.bool, device=h.device)],
-                              dim=1)[:, None, None, :]
-        for layer, pk, pv in zip(self.expert_layers, prefix.keys, prefix.values):
-            q, k, v, gate = layer.project(h, positions, cond)
-            a = attention(q, torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2), attn_mask)
-            h = layer.finish(h, a, gate, cond)
-        return self._heads(self.expert_norm(h), prefix)
+        p = prefix.mask.shape[1]
+        for i, (layer, pk, pv) in enumerate(zip(self.expert_layers, prefix.keys, prefix.values)):
+            q, k, v, gate = layer.project(h, ctx.rope, cond)
+            if ctx.keys is None:
+                keys, values = torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)
+            else:   # the prefix part of the buffers was written once; only the action part changes
+                keys, values = ctx.keys[i], ctx.values[i]
+                keys[:, :, p:].copy_(k)
+                values[:, :, p:].copy_(v)
+            h = layer.finish(h, attention(q, keys, values, ctx.attn_mask), gate, cond)
+        return self.expert_norm(h)
+
+    def expert(self, prefix: Prefix, x_t: Tensor, t: Tensor) -> ExpertOutput:
+        """One expert pass at ``x_t`` ``[N, H, A]``, times ``t`` ``[N]``: velocity, noise std, value."""
+        return self._heads(self._expert_features(prefix, x_t, t, self._expert_context(prefix)), prefix)
+
+    def velocity_field(self, prefix: Prefix):
+        """``f(x_t, t) -> velocity`` for sampling without gradients (deployment, evaluation): equal to
+        ``expert(prefix, x_t, t).velocity`` bit for bit, at less cost per denoising step. The action tokens'
+        rotary tables and mask are made once per prefix; each layer's keys/values live in one buffer that
+        holds the prefix's part from the first call on, so a step writes the action part instead of
+        concatenating the whole; the std and value heads do not run. Under autograd it falls back to
+        concatenation (a buffer rewritten in place cannot be differentiated through)."""
+        ctx = self._expert_context(prefix)
+        buffered: dict[bool, _ExpertContext] = {}
+
+        def f(x_t: Tensor, t: Tensor) -> Tensor:
+            if torch.is_grad_enabled():
+                return self.velocity_head(self._expert_features(prefix, x_t, t, ctx)).float()
+            mode = torch.is_inference_mode_enabled()   # inference tensors cannot be written outside the mode
+            if mode not in buffered:
+                p, horizon = prefix.mask.shape[1], self.cfg.action_horizon
+
+                def buffer(x: Tensor) -> Tensor:
+                    out = x.new_empty(*x.shape[:2], p + horizon, x.shape[3])
+                    out[:, :, :p] = x
+                    return out
+
+                buffered[mode] = _ExpertContext(ctx.rope, ctx.attn_mask, [buffer(k) for k in prefix.keys],
+                                                [buffer(v) for v in prefix.values])
+            return self.velocity_head(self._expert_features(prefix, x_t, t, buffered[mode])).float()
+
+        return f
 
     def _heads(self, features: Tensor, prefix: Prefix) -> ExpertOutput:
         cfg = self.cfg
@@ -253,6 +327,9 @@ class FlowPolicy(nn.Module):
         if self.cfg.value_source == "expert":
             pooled = features.mean(dim=1)
         else:
+            if prefix.hidden is None:
+                raise ValueError("a prefix-sourced value needs the prefix's hidden states; this prefix was "
+                                 "encoded for sampling only (encode_prefix(hidden=False))")
             w = prefix.mask.to(prefix.hidden.dtype)[..., None]
             pooled = (prefix.hidden * w).sum(1) / w.sum(1)
         if self.cfg.value_detach:
@@ -315,8 +392,8 @@ class FlowPolicy(nn.Module):
         hp, pmask = self.embed_prefix(obs)
         ha, cond = self._embed_actions(x_t, t)
         n, p, horizon = hp.shape[0], hp.shape[1], ha.shape[1]
-        pos_p = pmask.long().cumsum(dim=1) - 1
-        pos_a = self._action_positions(pmask)
+        rope_p = rotary_tables(pmask.long().cumsum(dim=1) - 1, self.cfg.head_dim, self.cfg.rope_base)
+        rope_a = rotary_tables(self._action_positions(pmask), self.cfg.head_dim, self.cfg.rope_base)
         keys_valid = torch.cat([pmask, torch.ones(n, horizon, dtype=torch.bool, device=hp.device)], dim=1)
         is_prefix_key = torch.arange(p + horizon, device=hp.device) < p
         # Prefix queries see valid prefix keys only; action queries see valid prefix keys and all actions.
@@ -324,8 +401,8 @@ class FlowPolicy(nn.Module):
         rows_action = keys_valid[:, None, :].expand(n, horizon, p + horizon)
         attn_mask = torch.cat([rows_prefix, rows_action], dim=1)[:, None]
         for pl, el in zip(self.prefix_layers, self.expert_layers):
-            qp, kp, vp, gp = pl.project(hp, pos_p)
-            qa, ka, va, ga = el.project(ha, pos_a, cond)
+            qp, kp, vp, gp = pl.project(hp, rope_p)
+            qa, ka, va, ga = el.project(ha, rope_a, cond)
             out = attention(torch.cat([qp, qa], 2), torch.cat([kp, ka], 2), torch.cat([vp, va], 2), attn_mask)
             hp = pl.finish(hp, out[:, :, :p], gp)
             ha = el.finish(ha, out[:, :, p:], ga, cond)

@@ -190,3 +190,27 @@ def test_bad_inputs_get_clear_errors():
         flow.sample(lambda x, t: x[:, :1], torch.randn(1, 2, 2), num_steps=3)
     with pytest.raises(ValueError, match="stochastic"):
         flow.chain_log_prob(f, torch.randn(2, 4, 2, 2), torch.ones(2, 2, dtype=torch.bool), method="sde")
+
+
+@pytest.mark.parametrize("num_steps", [1, 4, 10])
+def test_denoise_equals_ode_sample_bit_for_bit(num_steps):
+    field = gaussian_target_field(0.7, 0.3)
+    x1 = torch.randn(6, 5, 3, generator=torch.Generator().manual_seed(1))
+    reference = flow.sample(field, x1, num_steps=num_steps, method="ode").actions
+    assert torch.equal(flow.denoise(field, x1, num_steps=num_steps), reference)
+    # A field that also returns a std (the model's training field) gives the same actions.
+    assert torch.equal(flow.denoise(lambda x, t: (field(x, t), torch.ones_like(x)), x1, num_steps=num_steps),
+                       reference)
+
+
+def test_denoise_constant_velocity_and_bad_inputs():
+    c = torch.tensor([0.3, -1.2])
+    x1 = torch.randn(3, 4, 2)
+    torch.testing.assert_close(flow.denoise(lambda x, t: c.expand_as(x), x1, num_steps=5), x1 - c,
+                               atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match=r"\[N, H, A\]"):
+        flow.denoise(lambda x, t: x, torch.randn(4, 3), num_steps=3)
+    with pytest.raises(ValueError, match="num_steps"):
+        flow.denoise(lambda x, t: x, x1, num_steps=0)
+    with pytest.raises(ValueError, match="velocity of shape"):
+        flow.denoise(lambda x, t: x[:, :1], x1, num_steps=2)

@@ -399,7 +399,7 @@ def test_evaluation_rounds_cover_distinct_initial_states():
                              steps=ones.long(), final_obs={}, episodes=episodes)
 
     actor = SimpleNamespace(model=SimpleNamespace(device=torch.device("cpu")),
-                            act=lambda obs, sampler, generator: SimpleNamespace(actions=torch.zeros(4, 2, 1)))
+                            chunk=lambda obs, sampler, generator: torch.zeros(4, 2, 1))
     env = SeedPerEnv()
     m = evaluate(actor, env, num_episodes=10, seed=100)
     assert env.started == list(range(100, 112))  # 3 rounds of 4; the last round counts its first 2

@@ -35,7 +35,7 @@ def first_episodes(actor: Actor, env, *, seed: int, count: int, sampler: Sampler
     out_metrics = {k: torch.zeros(count, dtype=torch.float64) for k in EPISODE_METRICS}
     pending = torch.arange(n) < count
     while pending.any():
-        chunk = actor.act(obs, sampler, generator=generator).actions
+        chunk = actor.chunk(obs, sampler, generator=generator)
         out = env.step(chunk[:, :execute] if execute else chunk)
         obs = out.obs
         if recorder is not None:

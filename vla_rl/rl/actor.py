@@ -113,3 +113,17 @@ class Actor:
                              method=sampler.method, noise_level=sampler.noise_level,
                              sde_mode=sampler.sde_mode, generator=generator)
         return Act(actions=self.env_actions(sample.actions), sample=sample, prefix=prefix)
+
+    def chunk(self, obs: dict, sampler: SamplerConfig, *, generator: torch.Generator | None = None) -> Tensor:
+        """Env-unit actions ``[N, H, a]`` alone (evaluation, deployment). The ODE sampler takes the
+        deterministic fast path (:func:`flow.denoise` of :meth:`FlowPolicy.velocity_field`: no step noise,
+        densities, chain, std or value head, nor the prefix's unread last-layer outputs); the stochastic
+        samplers need their step noise and run :meth:`act`."""
+        if sampler.method != "ode":
+            return self.act(obs, sampler, generator=generator).actions
+        prefix = self.model.encode_prefix(self.model_obs(obs), hidden=False)
+        cfg = self.model.cfg
+        noise = torch.randn(prefix.batch_size, cfg.action_horizon, cfg.action_dim, generator=generator,
+                            device=self.model.device)
+        return self.env_actions(flow.denoise(self.model.velocity_field(prefix), noise,
+                                             num_steps=sampler.num_steps))
