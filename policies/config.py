@@ -51,18 +51,44 @@ class PolicyConfig:
     num_kv_heads: int = ranged(1, 1)
     head_dim: int = ranged(32, 2)
     rope_base: float = positive(10000.0)
-    tokenizer: Literal["words", "bytes"] = "words"
+    # "words" / "bytes": offline tokenizers (policies/tokenizer.py). "sentencepiece": a SentencePiece model
+    # file (PaliGemma's tokenizer.model for imported π0 / π0.5) named by ``tokenizer_file``, relative to the
+    # policy folder; prompts follow LeRobot's processors (π0: "<task>\n"; π0.5: see ``state_input``).
+    tokenizer: Literal["words", "bytes", "sentencepiece"] = "words"
+    tokenizer_file: str = ""
     vocab_size: int = ranged(1024, 4)   # 3 special tokens (BOS, EOS, PAD) and at least one word
     max_text_tokens: int = ranged(16, 1)
     num_cameras: int = nonneg(1)        # 0: a state-only policy (ManiSkill state observations)
+    # Names of the camera slots (a LeRobot checkpoint's image features, in order); informational.
+    camera_names: tuple[str, ...] = ()
+    # "error": observations must bring every camera. "mask": an observation with fewer cameras fills the
+    # first slots, and the missing slots are masked out of attention (π0's empty cameras).
+    missing_cameras: Literal["error", "mask"] = "error"
+    # How images of another size reach ``vision.image_size``: "stretch" (bilinear, antialiased) or "pad"
+    # (π0 / openpi's resize-with-pad: keep the aspect ratio, pad with black).
+    image_resize: Literal["stretch", "pad"] = "stretch"
     state_dim: int = ranged(8, 1)
     action_dim: int = ranged(4, 1)
     action_horizon: int = ranged(8, 1)
     # "concat": π0 (sin-cos time embedding concatenated with the action token, then an MLP);
     # "adarms": π0.5 (a time MLP drives adaptive RMSNorm in every expert layer).
     time_conditioning: Literal["concat", "adarms"] = "concat"
-    # "token": π0 (one projected state token); "discrete": π0.5 (state binned into tokens).
-    state_input: Literal["token", "discrete"] = "token"
+    # Also make the expert's final norm adaptive (π0.5's checkpoints have it); needs "adarms".
+    adarms_final_norm: bool = False
+    # Periods of the sine-cosine flow-time embedding (π0 / π0.5: 4e-3 and 4.0).
+    time_min_period: float = positive(4e-3)
+    time_max_period: float = positive(4.0)
+    # Precision of the time embedding's angles (up to 2π / time_min_period rad): π0 / π0.5 checkpoints were
+    # trained with float64 angles; float32 moves their actions by ~3e-5.
+    time_embedding_precision: Literal["float32", "float64"] = "float32"
+    # Where the (normalised) state enters:
+    #   "token":    one projected state token at the end of the prefix;
+    #   "discrete": each state dim binned into ``state_bins`` learned tokens at the end of the prefix;
+    #   "suffix":   π0 — one projected state token leading the expert's suffix (it sees the prefix and itself,
+    #               the action tokens see it);
+    #   "prompt":   π0.5 — each state dim binned into ``state_bins`` and written into the text prompt
+    #               ("Task: ..., State: 12 200 ...;\nAction: "), no state weights.
+    state_input: Literal["token", "discrete", "suffix", "prompt"] = "token"
     state_bins: int = ranged(256, 2)
     # "expert": value read from the action expert's output (π0 style); "prefix": from the prefix (π0.5).
     value_source: Literal["expert", "prefix"] = "expert"
@@ -86,12 +112,21 @@ class PolicyConfig:
             problems.append("need 0 < noise_std_min < noise_std_max")
         if self.tokenizer == "bytes" and self.vocab_size < 259:
             problems.append("the bytes tokenizer needs vocab_size >= 259")
+        if (self.tokenizer == "sentencepiece") != bool(self.tokenizer_file):
+            problems.append("tokenizer_file names the SentencePiece model file, and only the sentencepiece "
+                            "tokenizer takes one")
+        if self.adarms_final_norm and self.time_conditioning != "adarms":
+            problems.append("adarms_final_norm needs time_conditioning: adarms")
+        if not self.time_min_period < self.time_max_period:
+            problems.append("need time_min_period < time_max_period")
+        if self.camera_names and len(self.camera_names) != self.num_cameras:
+            problems.append(f"camera_names names {len(self.camera_names)} cameras, num_cameras is {self.num_cameras}")
         if problems:
             raise ValueError("invalid PolicyConfig: " + "; ".join(problems))
 
     @property
     def num_prefix_tokens(self) -> int:
         """Prefix length: image patches of every camera, text tokens, state token(s)."""
-        state_tokens = 1 if self.state_input == "token" else self.state_dim
+        state_tokens = {"token": 1, "discrete": self.state_dim}.get(self.state_input, 0)
         return self.num_cameras * self.vision.num_patches + self.max_text_tokens + state_tokens
 

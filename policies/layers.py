@@ -167,18 +167,35 @@ class ViTBlock(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.norm2(x)), approximate="tanh"))
 
 
-def sincos_time_embedding(t: Tensor, dim: int, min_period: float = 4e-3, max_period: float = 4.0) -> Tensor:
-    """π0's sine-cosine embedding of flow time ``t`` ``[N]`` in [0, 1] -> ``[N, dim]``.
+def sincos_time_embedding(t: Tensor, dim: int, min_period: float = 4e-3, max_period: float = 4.0,
+                          precision: torch.dtype = torch.float32) -> Tensor:
+    """π0's sine-cosine embedding of flow time ``t`` ``[N]`` in [0, 1] -> ``[N, dim]`` float32.
 
     Periods are spaced geometrically between ``min_period`` and ``max_period`` so that the whole unit
-    interval is resolved (the usual 10000-base embedding is built for integer positions).
+    interval is resolved (the usual 10000-base embedding is built for integer positions). The angles reach
+    2π / min_period (≈ 1571 rad): in float32 they are off by ~1e-4 rad, so π0 / π0.5 checkpoints (trained with
+    float64 angles, as LeRobot and openpi compute them) want ``precision=torch.float64``.
     """
     if dim % 2:
         raise ValueError(f"time embedding dim must be even, got {dim}")
-    fraction = torch.linspace(0.0, 1.0, dim // 2, device=t.device, dtype=torch.float32)
+    if t.device.type == "mps":   # no float64 there
+        precision = torch.float32
+    fraction = torch.linspace(0.0, 1.0, dim // 2, device=t.device, dtype=precision)
     period = min_period * (max_period / min_period) ** fraction
-    angle = t.float()[:, None] * (2.0 * math.pi / period)[None, :]
-    return torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1)
+    angle = t.to(precision)[:, None] * (2.0 * math.pi / period)[None, :]
+    return torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1).float()
+
+
+def resize_with_pad(x: Tensor, size: int) -> Tensor:
+    """Images ``[M, 3, H, W]`` in [-1, 1] -> ``[M, 3, size, size]`` keeping the aspect ratio: bilinear resize
+    (antialiased when shrinking) so the longer side is ``size``, then centred black padding (-1), as openpi's
+    ``resize_with_pad`` prepares π0's images."""
+    h, w = x.shape[-2:]
+    ratio = max(h / size, w / size)
+    rh, rw = max(1, int(h / ratio)), max(1, int(w / ratio))
+    y = F.interpolate(x, size=(rh, rw), mode="bilinear", align_corners=False, antialias=True).clamp(-1.0, 1.0)
+    top, left = (size - rh) // 2, (size - rw) // 2
+    return F.pad(y, (left, size - rw - left, top, size - rh - top), value=-1.0)
 
 
 def sincos_2d_positions(grid: int, dim: int) -> Tensor:

@@ -4,7 +4,9 @@
   Short sequences (one token per word), which keeps the CPU-sized prefix cheap; collisions are
   negligible for the few hundred words of robot instructions.
 - ``bytes``: UTF-8 bytes, exact and collision-free, but one token per character.
-Ids 0, 1, 2 are PAD, BOS, EOS. A real PaliGemma vocabulary would come with imported weights.
+  For both, ids 0, 1, 2 are PAD, BOS, EOS.
+- ``sentencepiece``: a SentencePiece model file (PaliGemma's ``tokenizer.model`` of an imported π0 / π0.5),
+  with the prompt formats of LeRobot's π0 and π0.5 processors.
 """
 
 from __future__ import annotations
@@ -57,3 +59,111 @@ def tokenize(texts: list[str], max_len: int, *, kind: str = "words", vocab_size:
         tokens[i, : len(ids)] = torch.tensor(ids)
         mask[i, : len(ids)] = True
     return tokens.to(device), mask.to(device)
+
+
+# ----------------------------------------------------------------------------------------------------
+# SentencePiece (PaliGemma's tokenizer, for imported π0 / π0.5) and the prompts LeRobot's processors build
+# ----------------------------------------------------------------------------------------------------
+class TokenizerError(ValueError):
+    """A tokenizer file is missing, unreadable or does not fit the policy."""
+
+
+class SentencePieceTokenizer:
+    """A SentencePiece model (a protobuf file, e.g. PaliGemma's ``tokenizer.model``): BOS + pieces, as
+    LeRobot's PaliGemma tokenizer and openpi's ``PaligemmaTokenizer`` encode, right-padded with id 0."""
+
+    TENSOR = "sentencepiece_model"   # the key of the proto's bytes in a tokenizer.safetensors file
+
+    def __init__(self, model_proto: bytes, *, source: str = "<bytes>"):
+        self.proto = bytes(model_proto)
+        try:
+            import sentencepiece
+        except ImportError:
+            raise TokenizerError("the sentencepiece tokenizer needs the `sentencepiece` package: "
+                                 "pip install 'vla-rl[pretrained]'") from None
+        self.source = source
+        self._sp = sentencepiece.SentencePieceProcessor()
+        try:
+            self._sp.LoadFromSerializedProto(model_proto)
+        except (RuntimeError, OSError, TypeError) as e:
+            raise TokenizerError(f"{source} is not a SentencePiece model: {e}") from None
+        self.bos_id = self._sp.bos_id()
+        if self.bos_id < 0:
+            raise TokenizerError(f"{source}: the SentencePiece model has no BOS token")
+        self.pad_id = max(self._sp.pad_id(), 0)
+        self._cache: dict[str, tuple[int, ...]] = {}
+
+    @staticmethod
+    def from_file(path) -> SentencePieceTokenizer:
+        """From a SentencePiece ``.model`` file, or a ``.safetensors`` file that holds one (as policy folders
+        keep it: a uint8 tensor, so it travels with the weights through every checkpoint writer)."""
+        from pathlib import Path
+
+        path = Path(path)
+        if not path.is_file():
+            raise TokenizerError(f"tokenizer file missing: {path}")
+        if path.suffix != ".safetensors":
+            return SentencePieceTokenizer(path.read_bytes(), source=str(path))
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            data = load_file(str(path)).get(SentencePieceTokenizer.TENSOR)
+        except (SafetensorError, OSError, ValueError) as e:
+            raise TokenizerError(f"corrupt tokenizer file {path}: {e}") from None
+        if data is None or data.dtype != torch.uint8 or data.dim() != 1:
+            raise TokenizerError(f"{path} holds no {SentencePieceTokenizer.TENSOR!r} uint8 tensor")
+        return SentencePieceTokenizer(data.numpy().tobytes(), source=str(path))
+
+    def to_tensors(self) -> dict[str, torch.Tensor]:
+        """The ``.safetensors`` form of this tokenizer (see :meth:`from_file`)."""
+        return {self.TENSOR: torch.frombuffer(bytearray(self.proto), dtype=torch.uint8)}
+
+    @property
+    def vocab_size(self) -> int:
+        return self._sp.get_piece_size()
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        """BOS followed by the pieces of ``text`` (cached: instructions repeat every step)."""
+        ids = self._cache.get(text)
+        if ids is None:
+            ids = (self.bos_id, *self._sp.encode(text))
+            if len(self._cache) < 65536:
+                self._cache[text] = ids
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._sp.decode([i for i in ids if i != self.bos_id])
+
+    def __call__(self, texts: list[str], max_len: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``tokens`` / ``mask`` ``[N, max_len]``: right-padded with ``pad_id``, longer prompts cut at ``max_len``
+        (LeRobot's ``padding="max_length", truncation=True``)."""
+        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+            raise TypeError("instructions must be a list of strings")
+        tokens = torch.full((len(texts), max_len), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(texts), max_len), dtype=torch.bool)
+        for i, text in enumerate(texts):
+            ids = self.encode(text)[:max_len]
+            tokens[i, : len(ids)] = torch.tensor(ids)
+            mask[i, : len(ids)] = True
+        return tokens.to(device), mask.to(device)
+
+
+def pi0_prompt(task: str) -> str:
+    """π0's prompt (LeRobot's ``Pi0NewLineProcessor``): the task, ending in a newline."""
+    return task if task.endswith("\n") else task + "\n"
+
+
+def discretize_state(state: torch.Tensor, bins: int = 256) -> torch.Tensor:
+    """π0.5's state bins ``[N, S]`` of a normalised state ``[N, S]``: ``np.digitize(x, linspace(-1, 1, bins + 1)[:-1])
+    - 1`` as openpi / LeRobot compute it (in float64): [-1, 1) maps onto 0 .. bins-1, values >= 1 onto bins-1 and
+    values below -1 onto -1."""
+    edges = torch.linspace(-1.0, 1.0, bins + 1, dtype=torch.float64, device=state.device)[:-1]
+    return torch.bucketize(state.double(), edges, right=True) - 1
+
+
+def pi05_prompt(task: str, state_bins: list[int]) -> str:
+    """π0.5's prompt (openpi's ``PaligemmaTokenizer`` / LeRobot's state-tokenizer step): the cleaned task and the
+    discretised state as text."""
+    cleaned = task.strip().replace("_", " ").replace("\n", " ")
+    return f"Task: {cleaned}, State: {' '.join(str(int(b)) for b in state_bins)};\nAction: "

@@ -1,7 +1,5 @@
 """The flow policy: cache equivalence, attention structure, heads, presets, input errors."""
 
-import math
-
 import pytest
 import torch
 
@@ -194,16 +192,18 @@ def test_real_pi0_dimensions_build_on_meta_device():
         out = model.expert(prefix, torch.zeros(1, 50, 32, device="meta"), torch.zeros(1, device="meta"))
         assert out.velocity.shape == (1, 50, 32)
         assert prefix.keys[0].shape == (1, 1, cfg.num_prefix_tokens, 256)
-        assert math.isclose(cfg.num_prefix_tokens, 3 * 256 + cfg.max_text_tokens +
-                            (1 if cfg.state_input == "token" else 32))
+        # π0's state is in the suffix, π0.5's in the text
+        assert cfg.num_prefix_tokens == 3 * 256 + cfg.max_text_tokens
 
 
 def test_bad_observations_get_clear_errors():
     model = randomized("tiny")
     cfg = model.cfg
     obs = make_obs(cfg, 2)
-    with pytest.raises(TypeError, match="uint8"):
+    with pytest.raises(ValueError, match=r"scaled to \[-1, 1\].*uint8"):   # 0..255 pixels as floats
         model.encode_prefix({**obs, "images": obs["images"].float()})
+    with pytest.raises(TypeError, match="uint8"):
+        model.encode_prefix({**obs, "images": obs["images"].long()})
     with pytest.raises(ValueError, match="images must have shape"):
         model.encode_prefix({**obs, "images": obs["images"][:, :, :, :, :1]})
     with pytest.raises(ValueError, match="state must have shape"):

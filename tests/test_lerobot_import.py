@@ -1,0 +1,203 @@
+"""LeRobot π0 / π0.5 checkpoints through our one model: the tiny fixtures written by LeRobot 0.4.4 reproduce its own
+``sample_actions``; masks, cache, real-size parameter counts and refusals of checkpoints we do not understand."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from vla_rl.config import policy_preset
+from vla_rl.interop.lerobot import LeRobotImportError, is_lerobot_folder, load_lerobot, read_norm_stats
+from vla_rl.policies import flow
+from vla_rl.policies.model import FlowPolicy, count_parameters
+
+FIXTURES = Path(__file__).parent / "fixtures" / "lerobot_pi_tiny"
+KINDS = ["pi0", "pi05"]
+# What the weights cannot tell: the tiny SigLIP's head count (reference_meta.json records it).
+TINY = {"vision": {"num_heads": 2}}
+
+
+def fixture(kind: str) -> tuple[FlowPolicy, dict]:
+    model, _, _ = load_lerobot(FIXTURES / kind, overrides=TINY)
+    return model, load_file(str(FIXTURES / kind / "reference.safetensors"))
+
+
+def reference_obs(ref: dict) -> dict:
+    """The reference's inputs as our observation: images [N, C, H, W, 3] already in [-1, 1]."""
+    images = torch.stack([ref["img0"], ref["img1"]], dim=1).permute(0, 1, 3, 4, 2)
+    return {"images": images, "image_mask": ref["img_masks"], "state": ref["state"], "tokens": ref["lang_tokens"],
+            "token_mask": ref["lang_masks"]}
+
+
+def actions(model: FlowPolicy, obs: dict, noise: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return flow.sample(model.field(model.encode_prefix(obs)), noise, num_steps=5, method="ode").actions
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fixture_reproduces_lerobot_sample_actions(kind):
+    model, ref = fixture(kind)
+    err = (actions(model, reference_obs(ref), ref["noise"]) - ref["actions"]).abs().max().item()
+    assert err <= 1e-5, err   # measured 5e-7 (pi0) and 2e-7 (pi05)
+
+
+def test_fixture_dims_and_options_are_inferred():
+    meta = json.loads((FIXTURES / "pi0" / "reference_meta.json").read_text())["tiny_dims"]
+    for kind in KINDS:
+        cfg = fixture(kind)[0].cfg
+        assert (cfg.prefix.width, cfg.expert.width, cfg.depth, cfg.num_heads, cfg.head_dim, cfg.vocab_size) == (
+            meta["vlm"]["width"], meta["expert"]["width"], meta["vlm"]["depth"], meta["num_heads"], meta["head_dim"],
+            meta["vocab_size"])
+        assert (cfg.vision.width, cfg.vision.depth, cfg.vision.mlp_dim, cfg.vision.image_size) == (
+            meta["siglip"]["width"], meta["siglip"]["depth"], meta["siglip"]["mlp_dim"], meta["siglip"]["image_size"])
+        assert (cfg.action_horizon, cfg.action_dim, cfg.max_text_tokens, cfg.num_cameras) == (6, 8, 10, 2)
+        assert cfg.camera_names == ("observation.images.cam0", "observation.images.cam1")
+        assert cfg.state_input == ("prompt" if kind == "pi05" else "suffix")
+        assert cfg.adarms_final_norm == (kind == "pi05")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_masked_camera_is_left_out_and_unmasking_it_matters(kind):
+    model, ref = fixture(kind)
+    obs = reference_obs(ref)
+    base = actions(model, obs, ref["noise"])
+    masked = ~obs["image_mask"]
+    assert masked.sum() == 1 and masked[1, 1]   # the second sample's second camera
+    other = obs["images"].clone()
+    other[1, 1] = -other[1, 1].flip(1)          # different pixels, still in [-1, 1]
+    torch.testing.assert_close(actions(model, {**obs, "images": other}, ref["noise"]), base, atol=1e-6, rtol=0)
+    # A policy given only its first camera masks the second slot (π0's empty camera): the same for sample 1.
+    fewer = {**obs, "images": obs["images"][:, :1], "image_mask": None}
+    torch.testing.assert_close(actions(model, fewer, ref["noise"])[1], base[1], atol=1e-6, rtol=0)
+    unmasked = actions(model, {**obs, "image_mask": torch.ones_like(obs["image_mask"])}, ref["noise"])
+    assert (unmasked[1] - base[1]).abs().max() > 1e-4   # a random tiny model: small but far above 1e-6
+    torch.testing.assert_close(unmasked[0], base[0], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_padded_text_is_left_out(kind):
+    model, ref = fixture(kind)
+    obs = reference_obs(ref)
+    tokens = obs["tokens"].clone()
+    tokens[~obs["token_mask"]] = 5
+    assert (~obs["token_mask"]).sum() == 3
+    torch.testing.assert_close(actions(model, {**obs, "tokens": tokens}, ref["noise"]),
+                               actions(model, obs, ref["noise"]), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_cached_expert_equals_joint_pass(kind):
+    model, ref = fixture(kind)
+    obs = reference_obs(ref)
+    x, t = torch.randn(2, 6, 8), torch.tensor([0.3, 0.9])
+    with torch.no_grad():
+        cached = model.expert(model.encode_prefix(obs), x, t)
+        hidden, joint = model.forward_joint(obs, x, t)
+    torch.testing.assert_close(cached.velocity, joint.velocity, atol=1e-5, rtol=0)
+    torch.testing.assert_close(cached.value, joint.value, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_new_heads_start_neutral(kind):
+    model, ref = fixture(kind)
+    cfg = model.cfg
+    with torch.no_grad():
+        out = model.expert(model.encode_prefix(reference_obs(ref)), torch.randn(2, 6, 8), torch.rand(2))
+    middle = (cfg.noise_std_min * cfg.noise_std_max) ** 0.5
+    torch.testing.assert_close(out.noise_std, torch.full_like(out.noise_std, middle))
+    assert torch.equal(out.value, torch.zeros(2))
+
+
+@pytest.mark.parametrize("name, lerobot, lm_head", [("pi0", 3_238_048_528, 257_152 * 1024),
+                                                    ("pi05", 3_353_433_872, 257_152 * 1024)])
+def test_real_presets_have_lerobot_parameter_counts(name, lerobot, lm_head):
+    """LeRobot's PI0Policy / PI05Policy (3 cameras at 224, 32-dim state / action) count 3,501,372,176 /
+    3,616,757,520 parameters with the expert's unused lm_head; ours has no lm_head but a Flow-Noise and a value head."""
+    with torch.device("meta"):
+        model = FlowPolicy(policy_preset(name))
+    rl_heads = count_parameters(model.noise_head) + count_parameters(model.value_head)
+    assert count_parameters(model) - rl_heads == lerobot
+    assert lerobot + lm_head == {"pi0": 3_501_372_176, "pi05": 3_616_757_520}[name]
+
+
+def test_bf16_checkpoint_gives_the_same_actions_to_bf16_tolerance(tmp_path):
+    for kind in KINDS:
+        folder = tmp_path / kind
+        shutil.copytree(FIXTURES / kind, folder)
+        tensors = load_file(str(folder / "model.safetensors"))
+        save_file({k: v.to(torch.bfloat16) for k, v in tensors.items()}, str(folder / "model.safetensors"))
+        model, _, _ = load_lerobot(folder, overrides=TINY)
+        assert model.velocity_head.weight.dtype == torch.float32
+        ref = load_file(str(FIXTURES / kind / "reference.safetensors"))
+        err = (actions(model, reference_obs(ref), ref["noise"]) - ref["actions"]).abs().max().item()
+        assert err < 0.05, (kind, err)   # bf16 weights: ~3 significant digits
+        kept, _, _ = load_lerobot(folder, overrides=TINY, dtype=torch.bfloat16)
+        assert kept.velocity_head.weight.dtype == torch.bfloat16
+
+
+def _rewrite(folder: Path, edit) -> None:
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
+    edit(tensors)
+    save_file(tensors, str(folder / "model.safetensors"))
+
+
+def test_checkpoints_we_do_not_understand_are_refused_by_name(tmp_path):
+    folder = tmp_path / "pi0"
+    shutil.copytree(FIXTURES / "pi0", folder)
+    _rewrite(folder, lambda t: t.pop("model.state_proj.bias"))
+    with pytest.raises(LeRobotImportError, match=r"missing 1 tensor\(s\): model.state_proj.bias"):
+        load_lerobot(folder, overrides=TINY)
+    shutil.copy(FIXTURES / "pi0" / "model.safetensors", folder / "model.safetensors")
+    _rewrite(folder, lambda t: t.update({"model.extra_head.weight": torch.zeros(3)}))
+    with pytest.raises(LeRobotImportError, match="does not understand: model.extra_head.weight"):
+        load_lerobot(folder, overrides=TINY)
+    shutil.copy(FIXTURES / "pi0" / "model.safetensors", folder / "model.safetensors")
+    key = "model.paligemma_with_expert.gemma_expert.model.layers.1.mlp.up_proj.weight"
+    _rewrite(folder, lambda t: t.update({key: torch.zeros(100, 32)}))
+    with pytest.raises(LeRobotImportError, match=f"{key} has shape \\(100, 32\\)"):
+        load_lerobot(folder, overrides=TINY)
+    shutil.copy(FIXTURES / "pi0" / "model.safetensors", folder / "model.safetensors")
+    _rewrite(folder, lambda t: t["model.action_in_proj.weight"].fill_(float("nan")))
+    with pytest.raises(LeRobotImportError, match="action_in_proj.weight holds NaN"):
+        load_lerobot(folder, overrides=TINY)
+    (folder / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(LeRobotImportError, match="corrupt safetensors"):
+        load_lerobot(folder, overrides=TINY)
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(LeRobotImportError, match="checkpoint file missing"):
+        load_lerobot(folder, overrides=TINY)
+
+
+def test_unknown_type_missing_heads_override_and_missing_processor_are_errors(tmp_path):
+    folder = tmp_path / "pi0"
+    shutil.copytree(FIXTURES / "pi0", folder)
+    with pytest.raises(LeRobotImportError, match="SigLIP width 32 has no known head count.*vision.num_heads"):
+        load_lerobot(folder)
+    (folder / "policy_preprocessor.json").unlink()
+    with pytest.raises(LeRobotImportError, match="no policy_preprocessor.json"):
+        load_lerobot(folder, overrides=TINY)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "type": "smolvla"}))
+    assert not is_lerobot_folder(folder)
+    with pytest.raises(LeRobotImportError, match="'smolvla' is not one this importer understands"):
+        load_lerobot(folder, overrides=TINY)
+
+
+def test_normalisation_statistics_become_ours():
+    for kind in KINDS:
+        lr = json.loads((FIXTURES / kind / "config.json").read_text())
+        norm, modes = read_norm_stats(FIXTURES / kind, lr)
+        step = "5" if kind == "pi0" else "2"
+        pre = load_file(str(FIXTURES / kind / f"policy_preprocessor_step_{step}_normalizer_processor.safetensors"))
+        post = load_file(str(FIXTURES / kind / "policy_postprocessor_step_0_unnormalizer_processor.safetensors"))
+        x = torch.randn(5, 8)
+        # The fixtures carry mean / std only (π0.5's QUANTILES mode has no quantiles there: read as mean / std).
+        want = (x - pre["observation.state.mean"]) / pre["observation.state.std"]
+        torch.testing.assert_close(norm.normalize_state(x), want)
+        torch.testing.assert_close(norm.action.unnormalize(x, norm.mode), x * post["action.std"] + post["action.mean"])
+        assert modes["state"].startswith("MEAN_STD")
