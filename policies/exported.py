@@ -36,9 +36,11 @@ from torch import Tensor
 
 from . import flow
 from .config import PolicyConfig
+from .layers import resize_with_pad
 from .model import FlowPolicy
 from .normalize import NormStats, actions_from_model, state_to_model
 from .schema import SchemaError, build, to_plain
+from .tokenizer import SentencePieceTokenizer, TokenizerError
 
 EXPORT_FORMAT = "vla-rl-export/1"
 WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -285,10 +287,14 @@ def _accepted(spec: ExportSpec) -> dict[str, list[str]]:
     return out
 
 
-def _resize(images: Tensor, size: int) -> Tensor:
-    """uint8 ``[N, h, w, 3]`` -> uint8 ``[N, size, size, 3]`` (bilinear with antialiasing, as the model's own)."""
+def _resize(images: Tensor, size: int, mode: str = "stretch") -> Tensor:
+    """uint8 ``[N, h, w, 3]`` -> uint8 ``[N, size, size, 3]`` as the model's own resize does (``image_resize``:
+    bilinear with antialiasing, or that keeping the aspect ratio with black padding)."""
     x = images.permute(0, 3, 1, 2).float()
-    x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+    if mode == "pad":
+        x = (resize_with_pad(x / 127.5 - 1.0, size) + 1.0) * 127.5
+    else:
+        x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
     return x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
 
 
@@ -331,7 +337,7 @@ class ExportedPolicy:
         cams = [torch.from_numpy(x if x.flags.writeable and x.flags.c_contiguous else x.copy()).to(dev)
                 for x in batch.images]   # decoded messages are read-only views of their bytes
         if len({tuple(c.shape[1:3]) for c in cams}) > 1:   # the model resizes a stack; a mixed one is resized here
-            cams = [c if c.shape[1:3] == (size, size) else _resize(c, size) for c in cams]
+            cams = [c if c.shape[1:3] == (size, size) else _resize(c, size, cfg.image_resize) for c in cams]
         n = batch.size
         images = torch.stack(cams, dim=1) if cams else torch.zeros(n, 0, size, size, 3, dtype=torch.uint8,
                                                                     device=dev)
@@ -367,8 +373,10 @@ def check_consistency(cfg: PolicyConfig, spec: ExportSpec, norm: NormStats) -> N
     if spec.state_dim > cfg.state_dim or spec.action_dim > cfg.action_dim:
         problems.append(f"spec state/action dims {spec.state_dim}/{spec.action_dim} exceed the policy's "
                         f"{cfg.state_dim}/{cfg.action_dim}")
-    if len(spec.cameras) != cfg.num_cameras:
-        problems.append(f"spec names {len(spec.cameras)} camera(s), the policy takes {cfg.num_cameras}")
+    if len(spec.cameras) > cfg.num_cameras or (len(spec.cameras) < cfg.num_cameras and (
+            cfg.missing_cameras != "mask" or not spec.cameras)):
+        problems.append(f"spec names {len(spec.cameras)} camera(s), the policy takes {cfg.num_cameras}"
+                        + (" (or fewer, down to 1: the rest are masked)" if cfg.missing_cameras == "mask" else ""))
     if norm.state.mean.shape[0] != spec.state_dim or norm.action.mean.shape[0] != spec.action_dim:
         problems.append(f"statistics cover {norm.state.mean.shape[0]} state / {norm.action.mean.shape[0]} action "
                         f"dims, the spec {spec.state_dim} / {spec.action_dim}")
@@ -474,4 +482,9 @@ def load_exported(path: str | Path, *, device: str | torch.device = "cpu",
         model = FlowPolicy(cfg)
         model.load_state_dict(state)
     model = model.to(device=device, dtype=compute)
+    if cfg.tokenizer == "sentencepiece":
+        try:
+            model.set_tokenizer(SentencePieceTokenizer.from_file(path / cfg.tokenizer_file))
+        except (TokenizerError, ValueError) as e:
+            raise ExportError(f"{path}: {e}") from None
     return ExportedPolicy(model, norm, spec, weight_dtype=stored)

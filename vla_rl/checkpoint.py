@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 import yaml
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from vla_rl.config import ConfigError, from_dict, to_dict
@@ -159,7 +159,16 @@ def policy_files(model: FlowPolicy, norm: NormStats, meta: dict | None = None) -
     config = {"format_version": FORMAT_VERSION, "policy": to_dict(model.cfg),
               "normalization": {"mode": norm.mode,
                                 "hidden_state_dims": list(norm.hidden_state)}, **(meta or {})}
-    return {"model": model.state_dict(), "norm_stats": norm.to_tensors()}, {"config": config}
+    tensors = {"model": model.state_dict(), "norm_stats": norm.to_tensors()}
+    if model.cfg.tokenizer == "sentencepiece":
+        if model.text_tokenizer is None:
+            raise CheckpointError("this policy tokenizes with SentencePiece but has no tokenizer attached; "
+                                  "a folder saved without it could not read instructions")
+        name = model.cfg.tokenizer_file
+        if Path(name).suffix != ".safetensors" or Path(name).name != name:
+            raise CheckpointError(f"tokenizer_file must be a .safetensors file name in the policy folder, got {name!r}")
+        tensors[Path(name).stem] = model.text_tokenizer.to_tensors()
+    return tensors, {"config": config}
 
 
 def save_policy(path: str | Path, model: FlowPolicy, norm: NormStats, *, meta: dict | None = None) -> Path:
@@ -169,7 +178,10 @@ def save_policy(path: str | Path, model: FlowPolicy, norm: NormStats, *, meta: d
 
 
 def load_policy(path: str | Path, device="cpu") -> tuple[FlowPolicy, NormStats, dict]:
-    """Load a policy folder -> (model in eval mode, normalisation, the whole config.yaml)."""
+    """Load a policy folder -> (model in eval mode, normalisation, the whole config.yaml).
+
+    The model is built on the meta device and takes the stored tensors (as float32) one by one: one copy of the
+    weights. (A LeRobot π0 / π0.5 folder: :func:`vla_rl.interop.lerobot.load_any_policy`.)"""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"no checkpoint folder at {path}")
@@ -189,19 +201,42 @@ def load_policy(path: str | Path, device="cpu") -> tuple[FlowPolicy, NormStats, 
             raise ValueError(f"normalization.hidden_state_dims must be a list of ints, got {hidden!r}")
     except (ConfigError, KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{path}/config.yaml: {e}") from None
-    model = FlowPolicy(cfg)
-    state = read_tensors(path / "model.safetensors")
-    missing, unexpected = set(model.state_dict()) - set(state), set(state) - set(model.state_dict())
-    if missing or unexpected:
-        raise CheckpointError(f"{path}/model.safetensors does not match its config: missing "
-                              f"{sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
-    for k, v in model.state_dict().items():
-        if state[k].shape != v.shape:
-            raise CheckpointError(f"{path}/model.safetensors: {k} has shape {tuple(state[k].shape)}, "
-                                  f"the config needs {tuple(v.shape)}")
-    model.load_state_dict(state)
+    with torch.device("meta"):
+        model = FlowPolicy(cfg)
+    expected = model.state_dict()
+    state = read_tensors_lazily(path / "model.safetensors", expected)
+    model.load_state_dict(state, assign=True)
+    del state
+    if cfg.tokenizer == "sentencepiece":
+        from vla_rl.policies.tokenizer import SentencePieceTokenizer, TokenizerError
+
+        try:
+            model.set_tokenizer(SentencePieceTokenizer.from_file(path / cfg.tokenizer_file))
+        except (TokenizerError, ValueError) as e:
+            raise CheckpointError(f"{path}: {e}") from None
     try:
         norm = NormStats.from_tensors(read_tensors(path / "norm_stats.safetensors"), mode, tuple(hidden))
     except ValueError as e:
         raise CheckpointError(f"{path}: {e}") from None
     return model.to(device).eval(), norm, config
+
+
+def read_tensors_lazily(path: Path, expected: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors of ``path`` named in ``expected`` (a state dict, e.g. on the meta device), read one at a time and
+    converted to ``expected``'s dtypes; names and shapes are checked first."""
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file missing: {path}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            keys = set(f.keys())
+            missing, unexpected = set(expected) - keys, keys - set(expected)
+            if missing or unexpected:
+                raise CheckpointError(f"{path} does not match its config: missing {sorted(missing)[:5]}, "
+                                      f"unexpected {sorted(unexpected)[:5]}")
+            for k, v in expected.items():
+                shape = tuple(f.get_slice(k).get_shape())
+                if shape != tuple(v.shape):
+                    raise CheckpointError(f"{path}: {k} has shape {shape}, the config needs {tuple(v.shape)}")
+            return {k: f.get_tensor(k).to(v.dtype) for k, v in expected.items()}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"corrupt safetensors file {path}: {e}") from None

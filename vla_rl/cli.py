@@ -27,6 +27,7 @@ USER_ERRORS = [
     ("vla_rl.envs.workers", "WorkerError", "env"),
     ("vla_rl.envs.libero", "LiberoNotInstalled", "env"),
     ("vla_rl.envs.maniskill", "ManiSkillUnavailable", "env"),
+    ("vla_rl.policies.tokenizer", "TokenizerError", "tokenizer"),
 ]
 
 
@@ -159,6 +160,25 @@ def _export(args) -> int:
     return 0
 
 
+def _import(args) -> int:
+    from vla_rl.interop.lerobot import import_lerobot
+    from vla_rl.outputs import check_output
+
+    if args.kind != "lerobot":
+        raise ConfigError(f"can import 'lerobot' checkpoints (π0 / π0.5 folders), not {args.kind!r}")
+    check_output(args.out, overwrite=args.overwrite, what="policy folder")
+    report = import_lerobot(args.src, args.out, tokenizer=args.tokenizer, dtype=args.dtype,
+                            overrides=parse_overrides(args.overrides))
+    cfg = report.config
+    print(f"imported a LeRobot {report.kind} ({report.parameters / 1e6:.1f}M parameters, {args.dtype}) to {args.out}: "
+          f"{cfg.num_cameras} camera slot(s) {list(cfg.camera_names)} at {cfg.vision.image_size}px, state "
+          f"{cfg.state_dim}, action {cfg.action_dim}, chunk {cfg.action_horizon}; normalisation state "
+          f"{report.normalization['state']}, action {report.normalization['action']}; tokenizer {report.tokenizer}")
+    for note in report.notes:
+        print(f"note: {note}")
+    return 0
+
+
 def _serve(args) -> int:
     import logging
 
@@ -262,6 +282,21 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("overrides", nargs="*", help="robot spec overrides key=value")
     exp.set_defaults(func=_export)
 
+    imp = sub.add_parser("import", help="import a LeRobot π0 / π0.5 checkpoint as a vla-rl policy folder",
+                         description="KIND lerobot: SRC is a LeRobot PI0Policy / PI05Policy folder (config.json, "
+                                     "model.safetensors, policy_pre/postprocessor files). Overrides set PolicyConfig "
+                                     "fields the weights cannot tell, e.g. vision.num_heads=16, or the RL heads' "
+                                     "noise_std_min=0.08 (see docs/pretrained.md)")
+    imp.add_argument("kind", help="lerobot")
+    imp.add_argument("src", help="the LeRobot policy folder")
+    imp.add_argument("out", help="policy folder to write")
+    imp.add_argument("--tokenizer", help="PaliGemma's SentencePiece tokenizer.model (default: next to SRC, or in the "
+                                         "Hugging Face cache of google/paligemma-3b-pt-224)")
+    imp.add_argument("--dtype", choices=["fp32", "bf16", "keep"], default="fp32",
+                     help="weight dtype of the written policy (default fp32; keep: as in SRC)")
+    imp.add_argument("overrides", nargs="*", help="PolicyConfig overrides key.sub=value")
+    imp.set_defaults(func=_import)
+
     srv = sub.add_parser("serve", help="serve an exported policy over openpi's websocket protocol",
                          description="Robots connect with openpi-client's WebsocketClientPolicy. Binds 127.0.0.1 "
                                      "unless --host says otherwise; with a token (--token or $VLA_RL_SERVE_TOKEN) "
@@ -346,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
 
 # What each writing command writes (``--overwrite`` replaces it; without, an output that holds anything is refused).
 WRITERS = {"demo": "the demo folder (out=)", "train": "the run folder (out=)", "sft": "the policy folder (out=)",
-           "collect": "the dataset folder OUT", "eval": "the results file or folder (out=)"}
+           "collect": "the dataset folder OUT", "eval": "the results file or folder (out=)",
+           "import": "the policy folder OUT"}
 
 
 def error_kind(e: BaseException) -> str | None:

@@ -85,6 +85,8 @@ class SFTRunConfig:
 
     model: str = "tiny"                    # model preset (configs/model) ...
     policy: dict[str, Any] = field(default_factory=dict)  # ... with these PolicyConfig overrides (policy.depth=2)
+    init: str | None = None                # or start from this policy folder (ours, an imported or a LeRobot
+                                           # π0 / π0.5 folder): its architecture and weights, new statistics
     steps: int = ranged(500, 1)
     batch_size: int = ranged(64, 1)
     lr: float = ranged(3e-4, 0, 1, lo_open=True)
@@ -183,12 +185,27 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True, ov
     state_dim, action_dim = data.state.shape[1], data.action.shape[1]
     print(f"dataset {dataset}: {data.num_episodes} episodes, {len(data)} frames, {len(data.tasks)} tasks, "
           f"{cams} camera(s){f' {h}x{w}' if cams else ''}, state {state_dim}, action {action_dim}")
-    base = policy_preset(cfg.model)
-    auto = {"num_cameras": cams, "state_dim": max(base.state_dim, state_dim),
-            "action_dim": max(base.action_dim, action_dim)}
-    pcfg = policy_preset(cfg.model, {**auto, **cfg.policy})
+    if cfg.init is not None:
+        from vla_rl.interop.lerobot import load_any_policy
+
+        if cfg.policy:
+            raise ConfigError("policy.* overrides change a fresh preset; an init= policy keeps its architecture")
+        model, _, _ = load_any_policy(cfg.init)
+        pcfg = model.cfg
+        # A pretrained policy resizes any image to its own resolution, and masks the camera slots the data lacks.
+        fits = pcfg.num_cameras == cams or (0 < cams < pcfg.num_cameras and pcfg.missing_cameras == "mask")
+        if not fits:
+            raise ConfigError(f"the policy {cfg.init} takes {pcfg.num_cameras} camera(s), the dataset has {cams}")
+        print(f"starting from {cfg.init} ({pcfg.num_cameras} camera slot(s), the first {cams} filled)")
+    else:
+        base = policy_preset(cfg.model)
+        auto = {"num_cameras": cams, "state_dim": max(base.state_dim, state_dim),
+                "action_dim": max(base.action_dim, action_dim)}
+        pcfg = policy_preset(cfg.model, {**auto, **cfg.policy})
+        model = None
     # The model must see what the data holds; say so here rather than fail deep inside the forward pass.
-    if pcfg.num_cameras != cams or (cams and (pcfg.vision.image_size, pcfg.vision.image_size) != (h, w)):
+    if cfg.init is None and (pcfg.num_cameras != cams or (cams and (pcfg.vision.image_size,
+                                                                     pcfg.vision.image_size) != (h, w))):
         raise ConfigError(f"model '{cfg.model}' takes {pcfg.num_cameras} camera(s) of {pcfg.vision.image_size}px, "
                           f"the dataset has {cams} of {h}x{w} (override policy.num_cameras / "
                           "policy.vision.image_size)")
@@ -202,9 +219,10 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True, ov
     norm = NormStats(Stats.of(data.state), Stats.of(data.action), cfg.norm, hidden)
     if hidden:
         print(f"hidden state dims (the policy sees 0 there): {list(hidden)}")
-    model = FlowPolicy(pcfg)
+    model = FlowPolicy(pcfg) if model is None else model
     actor = Actor(model, norm)
-    print(f"policy '{cfg.model}': {count_parameters(model) / 1e6:.2f}M parameters; SFT for {cfg.steps} steps")
+    print(f"policy '{cfg.init or cfg.model}': {count_parameters(model) / 1e6:.2f}M parameters; "
+          f"SFT for {cfg.steps} steps")
     sft_cfg = SFTConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
                         seed=cfg.seed, log_every=max(1, min(100, cfg.steps)))
     log = train_sft(actor, data, sft_cfg, progress=progress)

@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 import torch
 
-from vla_rl.checkpoint import load_policy, read_yaml_file
+from vla_rl.checkpoint import read_yaml_file
 from vla_rl.config import ConfigError, check_ranges, from_dict, nonneg, positive, to_dict
 from vla_rl.env_factory import EnvConfig, make_env
 from vla_rl.eval.evaluate import checkpoint_env_config, evaluate_episodes
@@ -227,7 +227,9 @@ def run_task(actor_for, task: BenchTask, cfg: BenchConfig, out: Path, log) -> di
 def run_bench(checkpoint: str | Path, cfg: BenchConfig, *, command: list[str] | None = None, log=print) -> dict:
     """Run (or resume) a bench of ``checkpoint`` into ``cfg.out``; returns the results document."""
     checkpoint = Path(checkpoint)
-    model, norm, policy_config = load_policy(checkpoint, device=cfg.device)
+    from vla_rl.interop.lerobot import load_any_policy  # ours, or a LeRobot π0 / π0.5 folder
+
+    model, norm, policy_config = load_any_policy(checkpoint, device=cfg.device)
     tasks = plan_tasks(checkpoint, cfg, model.cfg, policy_config)
     weights = weights_sha256(checkpoint)
     ident = _identity(cfg, weights)

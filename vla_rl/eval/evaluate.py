@@ -147,9 +147,9 @@ def open_checkpoint(path: str | Path, *, env_config, num_envs: int, device: torc
     """A policy or training checkpoint folder's policy as an :class:`Actor` on ``device``, and ``num_envs``
     of the env ``env_config`` (an :class:`~vla_rl.env_factory.EnvConfig`, usually
     :func:`checkpoint_env_config` of the same folder)."""
-    from vla_rl.checkpoint import load_policy
+    from vla_rl.interop.lerobot import load_any_policy
 
-    model, norm, _ = load_policy(Path(path))
+    model, norm, _ = load_any_policy(Path(path))
     env = make_env(env_config, num_envs=num_envs, device=device, seed=seed)
     try:
         actor = Actor.for_env(model.to(device), norm, env.spec)
@@ -164,10 +164,13 @@ def checkpoint_env_config(path: str | Path, env_overrides: dict):
     an SFT policy was trained for (its saved config), with ``env_overrides`` on top."""
     from vla_rl.checkpoint import read_yaml_file
     from vla_rl.config import from_dict, merge
+    from vla_rl.interop.lerobot import is_lerobot_folder
 
     path = Path(path)
     if (path / "train_config.yaml").is_file():
         env_dict = read_yaml_file(path / "train_config.yaml").get("env", {})
+    elif is_lerobot_folder(path):   # a LeRobot checkpoint names no env of ours: the overrides say which
+        env_dict = {}
     else:
         env_dict = dict(read_yaml_file(path / "config.yaml").get("env_config") or {})
     return from_dict(EnvConfig, merge(env_dict, env_overrides), prefix="env")

@@ -70,17 +70,23 @@ DELTA_POSE_ACTIONS = ["dx", "dy", "dz", "drx", "dry", "drz", "gripper"]
 LIBERO_CAMERA_ALIASES = {"agentview": ["image"], "wrist": ["wrist_image"]}   # openpi's LIBERO example keys
 
 
-def _generic_cameras(count: int, size: int) -> list[dict]:
+def _generic_cameras(count: int, size: int, names: tuple[str, ...] = ()) -> list[dict]:
+    """Cameras ``camera_<i>``, or named after the policy's camera slots (an imported LeRobot checkpoint's image
+    features: ``observation.images.base_0_rgb`` is read as ``base_0_rgb`` or by its full name)."""
+    if names:
+        return [{"name": n.rsplit(".", 1)[-1], "height": size, "width": size,
+                 "aliases": ([n] if "." in n else []) + (["image"] if i == 0 else [])} for i, n in enumerate(names)]
     return [{"name": f"camera_{i}", "height": size, "width": size, "aliases": ["image"] if i == 0 else []}
             for i in range(count)]
 
 
-def describe_env(env: dict, *, state_dim: int, action_dim: int, num_cameras: int, image_size: int) -> dict:
+def describe_env(env: dict, *, state_dim: int, action_dim: int, num_cameras: int, image_size: int,
+                 camera_names: tuple[str, ...] = ()) -> dict:
     """ExportSpec fields known from the env config ``env`` (``{"kind": ..., <kind>: {...}}``; {} if unknown)."""
     kind = env.get("kind") if isinstance(env, dict) else None
     if kind not in ("builtin", "maniskill", "libero"):
         return {"control_mode": "unknown", "action_low": None, "action_high": None,
-                "cameras": _generic_cameras(num_cameras, image_size),
+                "cameras": _generic_cameras(num_cameras, image_size, camera_names),
                 "notes": "The source did not record its robot: actions are not clipped; set names, units and bounds "
                          "with key=value overrides at export."}
     from vla_rl.config import from_dict, to_dict
@@ -137,7 +143,7 @@ def spec_defaults(folder: Path, cfg: PolicyConfig, norm: NormStats, config: dict
     out = {"state_dim": state_dim, "action_dim": action_dim, "action_horizon": cfg.action_horizon,
            "execute": min(int(execute), cfg.action_horizon), "num_steps": int(num_steps)}
     described = describe_env(env, state_dim=state_dim, action_dim=action_dim, num_cameras=cfg.num_cameras,
-                             image_size=cfg.vision.image_size)
+                             image_size=cfg.vision.image_size, camera_names=cfg.camera_names)
     source = {"checkpoint": str(folder.resolve()), **described.pop("source", {})}
     if (folder / "best.yaml").is_file():
         source["best"] = read_yaml_file(folder / "best.yaml")

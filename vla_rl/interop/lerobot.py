@@ -37,7 +37,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from vla_rl.checkpoint import FORMAT_VERSION, CheckpointError, atomic_folder
+from vla_rl.checkpoint import FORMAT_VERSION, CheckpointError, atomic_folder, load_policy
 from vla_rl.config import ConfigError, from_dict, merge, to_dict
 from vla_rl.policies.config import PolicyConfig
 from vla_rl.policies.model import FlowPolicy
@@ -450,7 +450,7 @@ class ImportReport:
     kind: str
     config: PolicyConfig
     parameters: int
-    tokenizer: str | None
+    tokenizer: str
     normalization: dict
     notes: list[str]
 
@@ -494,8 +494,16 @@ def load_lerobot(src: str | Path, *, tokenizer: str | Path | None = None, overri
     return model.to(device).eval(), norm, config
 
 
+def load_any_policy(path: str | Path, device="cpu") -> tuple[FlowPolicy, NormStats, dict]:
+    """:func:`vla_rl.checkpoint.load_policy` of one of our policy folders, or :func:`load_lerobot` of a LeRobot
+    π0 / π0.5 folder (imported on the fly; its tokenizer found next to it or in the Hugging Face cache)."""
+    if is_lerobot_folder(path):
+        return load_lerobot(path, device=device)
+    return load_policy(path, device=device)
+
+
 def import_lerobot(src: str | Path, out: str | Path, *, tokenizer: str | Path | None = None,
-                   overrides: dict | None = None, dtype: str = "fp32", require_tokenizer: bool = True,
+                   overrides: dict | None = None, dtype: str = "fp32",
                    progress: Callable[[int, int], None] | None = None) -> ImportReport:
     """Write the LeRobot folder ``src`` as one of our policy folders at ``out`` (atomically): ``model.safetensors``
     (in ``dtype``: fp32, bf16, or keep the file's), ``norm_stats.safetensors``, ``config.yaml`` and
@@ -505,11 +513,11 @@ def import_lerobot(src: str | Path, out: str | Path, *, tokenizer: str | Path | 
     src, lr, weights, cfg = _open(src, overrides)
     norm, modes = read_norm_stats(src, lr)
     tok_path = find_tokenizer(src, tokenizer)
-    if tok_path is None and require_tokenizer:
+    if tok_path is None:
         raise LeRobotImportError(
             f"no PaliGemma tokenizer found next to {src} or in the Hugging Face cache ({PALIGEMMA_REPO}); give it "
             f"with --tokenizer PATH/{TOKENIZER_FILE} (the SentencePiece model of {PALIGEMMA_REPO})")
-    tok = load_tokenizer(tok_path, cfg) if tok_path is not None else None
+    tok = load_tokenizer(tok_path, cfg)
     tensors: dict[str, torch.Tensor] = {}
     total = len(weight_sources(cfg, weights.shapes))
     for i, (name, t) in enumerate(convert_weights(cfg, weights, DTYPES[dtype])):
@@ -531,7 +539,6 @@ def import_lerobot(src: str | Path, out: str | Path, *, tokenizer: str | Path | 
         save_file(norm.to_tensors(), str(tmp / "norm_stats.safetensors"))
         with open(tmp / "config.yaml", "w") as f:
             yaml.safe_dump(config, f, sort_keys=False)
-        if tok is not None:
-            save_file(tok.to_tensors(), str(tmp / POLICY_TOKENIZER))
-    return ImportReport(kind=lr["type"], config=cfg, parameters=n_params,
-                        tokenizer=str(tok_path) if tok_path else None, normalization=modes, notes=notes)
+        save_file(tok.to_tensors(), str(tmp / POLICY_TOKENIZER))
+    return ImportReport(kind=lr["type"], config=cfg, parameters=n_params, tokenizer=str(tok_path),
+                        normalization=modes, notes=notes)

@@ -163,7 +163,9 @@ class Trainer:
         if self.resume_from is not None:   # self-contained: the checkpoint's own policy config and weights
             model, norm, _ = load_policy(self.resume_from, device=self.device)
         elif cfg.init:
-            model, norm, _ = load_policy(cfg.init, device=self.device)
+            from vla_rl.interop.lerobot import load_any_policy  # ours, or a LeRobot π0 / π0.5 folder
+
+            model, norm, _ = load_any_policy(cfg.init, device=self.device)
         else:
             model = FlowPolicy(policy_preset(cfg.model)).to(self.device)
             norm = NormStats(Stats.identity(spec.state_dim), Stats.identity(spec.action_dim))
