@@ -24,10 +24,11 @@ USER_ERRORS = [
     ("vla_rl.data.lerobot_video", "VideoError", "dataset"),
     ("vla_rl.eval.paired", "EpisodeFileError", "input"),
     ("vla_rl.rl.trainer", "TrainingError", "training"),
-    ("vla_rl.envs.workers", "WorkerError", "env"),
+    ("vla_rl.envs.worker_pool", "WorkerError", "env"),
     ("vla_rl.envs.libero", "LiberoNotInstalled", "env"),
     ("vla_rl.envs.maniskill", "ManiSkillUnavailable", "env"),
     ("vla_rl.policies.tokenizer", "TokenizerError", "tokenizer"),
+    ("vla_rl.distributed.runtime", "ClusterError", "cluster"),
 ]
 
 

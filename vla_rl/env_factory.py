@@ -8,13 +8,14 @@ import their simulators until an env is made).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Literal
 
 import torch
 
 from vla_rl.config import ConfigError, check_ranges, nonneg, positive
-from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
+from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv, ColorReachSingleEnv
 from vla_rl.envs.libero import LiberoConfig
 from vla_rl.envs.maniskill import ManiSkillConfig
 
@@ -87,6 +88,27 @@ def make_env(cfg: EnvConfig, *, num_envs: int, device: torch.device | str, seed:
         return WorkerVectorEnv(functools.partial(LiberoSingleEnv, cfg.libero), num_envs, seed=seed,
                                name="libero", envs_per_worker=cfg.envs_per_worker,
                                max_restarts=cfg.restart_dead_workers, log=log)
+    raise ConfigError(f"unknown env.kind {cfg.kind!r}")
+
+
+def single_env_factory(cfg: EnvConfig, device: torch.device | str = "cpu") -> tuple[Callable[[], object], str]:
+    """``(factory, name)``: a factory of one env of ``cfg`` behind the single-env protocol of
+    :mod:`vla_rl.envs.env_group`, for env workers elsewhere (Ray env actors). The built-in task's single env
+    seeds env ``i`` of a pool with ``seed + i``, so its episodes differ from the in-process batch's."""
+    if cfg.kind == "builtin":
+        return functools.partial(ColorReachSingleEnv, cfg.builtin), "builtin"
+    if cfg.kind == "maniskill":
+        from vla_rl.envs.maniskill import ManiSkillSingleEnv, _base_name
+
+        backend = cfg.maniskill.sim_backend
+        if backend == "gpu" or (backend == "auto" and torch.device(device).type == "cuda"):
+            raise ConfigError("ManiSkill's GPU simulator runs all envs as one batch on the policy's device; it "
+                              "cannot be split over env actors (use ray.env_actors=0, or maniskill.sim_backend=cpu)")
+        return functools.partial(ManiSkillSingleEnv, cfg.maniskill), f"maniskill-{_base_name(cfg.maniskill.task)}"
+    if cfg.kind == "libero":
+        from vla_rl.envs.libero import LiberoSingleEnv
+
+        return functools.partial(LiberoSingleEnv, cfg.libero), "libero"
     raise ConfigError(f"unknown env.kind {cfg.kind!r}")
 
 

@@ -8,6 +8,7 @@ Glossary: B samples (chunks) in a minibatch, K denoising steps, H actions per ch
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -84,10 +85,25 @@ class PPOConfig:
 class Learner:
     """PPO on ``actor``'s model. Each rollout says how it was sampled (``Rollout.sampler``, ``.execute``); the
     learner recomputes the chain's log-densities the same way and aggregates both old and new ones with
-    ``cfg.log_prob``."""
+    ``cfg.log_prob``.
 
-    def __init__(self, actor: Actor, cfg: PPOConfig, *, bf16: bool = False, total_iterations: int | None = None):
+    Data-parallel (``shard = (rank, world)``, ``world`` > 1): every learner holds the whole rollout, computes
+    the same advantages and minibatch order, and runs the loss on its share of each minibatch (samples
+    ``rank, rank + world, ...``) weighted by ``share / minibatch``; ``sync(params, metrics)`` then sums the
+    gradients and metrics (maxima, ``*_max``, are maximised) over the learners
+    (:func:`vla_rl.distributed.gradsync.sum_over_learners`), so every learner takes the step one learner would
+    take on the whole minibatch and the replicas stay equal."""
+
+    def __init__(self, actor: Actor, cfg: PPOConfig, *, bf16: bool = False, total_iterations: int | None = None,
+                 shard: tuple[int, int] = (0, 1),
+                 sync: Callable[[list[Tensor], dict[str, float]], dict[str, float]] | None = None):
+        rank, world = shard
+        if not 0 <= rank < world:
+            raise ValueError(f"shard {shard}: need 0 <= rank < world")
+        if world > 1 and sync is None:
+            raise ValueError("data-parallel learners (world > 1) need a sync function")
         self.actor, self.cfg = actor, cfg
+        self.bf16, self.shard, self.sync = bf16, shard, sync
         self.total_iterations = total_iterations  # the decay's end; None: no decay (constant after warm-up)
         model = actor.model
         groups = model.parameter_groups()
@@ -101,6 +117,7 @@ class Learner:
             {"params": critic, "lr": cfg.lr_critic, "name": "critic"},
         ], weight_decay=cfg.weight_decay)
         self.autocast = bf16 and model.device.type == "cuda"
+        self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.skipped_steps = 0   # over the run (saved in checkpoints)
         self.applied_steps = 0   # in the last update() (0 with samples: every step was skipped)
 
@@ -156,15 +173,21 @@ class Learner:
             for start in range(0, total, mb_size):
                 mb = perm[start:start + mb_size]
                 self.optimizer.zero_grad(set_to_none=True)
-                micro = mb.chunk(cfg.grad_accum)
+                share, counts = self._share(mb)
                 mb_metrics: dict[str, float] = {}
-                for idx in micro:
+                for idx in share.chunk(cfg.grad_accum):
                     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
                         loss, m = self._loss({k: v[idx] for k, v in obs.items()}, chain[idx], stoch[idx],
                                              old_lp[idx], old_v[idx], adv[idx], ret[idx], critic_only, ro)
-                    (loss * idx.numel() / mb.numel()).backward()
+                    used = idx.numel() if counts else 0
+                    (loss * used / mb.numel()).backward()
                     for k, v in m.items():
-                        mb_metrics[k] = mb_metrics.get(k, 0.0) + v * idx.numel() / mb.numel()
+                        if k.endswith("_max"):   # a maximum over the minibatch's samples, not a mean
+                            mb_metrics[k] = max(mb_metrics.get(k, -math.inf), v if used else -math.inf)
+                        else:
+                            mb_metrics[k] = mb_metrics.get(k, 0.0) + v * used / mb.numel()
+                if self.sync is not None:
+                    mb_metrics = self.sync(self.params, mb_metrics)
                 # A norm is non-finite iff some gradient in it is: two checks cover every parameter.
                 grad_norm, critic_grad_norm = clip_grad_norms(self.optimizer, cfg.max_grad_norm)
                 if not (math.isfinite(mb_metrics["losses/total"]) and math.isfinite(float(grad_norm))
@@ -197,6 +220,16 @@ class Learner:
         out["train/lr_actor"] = lr_actor
         out["train/advantage_mean"] = float(adv.mean())
         return out
+
+    def _share(self, mb: Tensor) -> tuple[Tensor, bool]:
+        """This learner's samples of minibatch ``mb`` and whether they count. A learner whose share is empty (a
+        minibatch smaller than the number of learners) runs the minibatch's first sample with weight 0, so that
+        every learner reports the same metrics and reaches the same parameters."""
+        rank, world = self.shard
+        if world == 1:
+            return mb, True
+        share = mb[rank::world]
+        return (share, True) if share.numel() else (mb[:1], False)
 
     def _loss(self, obs, chain, stoch, old_lp, old_v, adv, ret, critic_only, ro: Rollout):
         cfg, model = self.cfg, self.actor.model

@@ -33,6 +33,9 @@ from vla_rl.config import (
     resolve_device,
     to_dict,
 )
+from vla_rl.distributed.config import RayConfig
+from vla_rl.distributed.learners import LearnerError
+from vla_rl.distributed.runtime import make_runtime
 from vla_rl.env_factory import EnvConfig, make_env
 from vla_rl.eval.evaluate import evaluate
 from vla_rl.outputs import check_output, clear_output
@@ -85,11 +88,26 @@ class TrainConfig:
     max_skipped_iterations: int = ranged(3, 1)
     tensorboard: bool = True
     progress: bool = True
+    # "ray": env actors and learners on a Ray cluster as the `ray` section says (pip install 'vla-rl[ray]');
+    # the same loop, and (env_actors 0) the same numbers as "local".
+    runtime: Literal["local", "ray"] = "local"
+    ray: RayConfig = field(default_factory=RayConfig)
 
     def __post_init__(self):
         check_ranges(self)
         if self.eval_method not in ("ode", "train"):
             raise ConfigError(f"eval_method must be 'ode' or 'train', got {self.eval_method!r}")
+        if self.runtime not in ("local", "ray"):
+            raise ConfigError(f"runtime: {self.runtime!r} is not one of ['local', 'ray']")
+        if self.runtime == "local" and self.ray != RayConfig():
+            raise ConfigError("ray is set but runtime is 'local': set runtime=ray or drop the ray section")
+        if self.runtime == "ray" and self.ray.env_actors:
+            if self.ray.env_actors > self.env.num_envs:
+                raise ConfigError(f"ray.env_actors = {self.ray.env_actors} is more than env.num_envs = "
+                                  f"{self.env.num_envs}: an env actor needs at least one env")
+            if self.env.envs_per_worker is not None:
+                raise ConfigError("env.envs_per_worker groups envs into local worker processes; with "
+                                  "ray.env_actors the envs are split evenly over the actors (drop one of the two)")
 
 
 ROLLOUT_SEED_BASE = 1_000_000
@@ -148,7 +166,7 @@ class Trainer:
             self._clear_on_run = overwrite
         self.device = resolve_device(cfg.device)
         self.metrics = MetricsLog(self.run_dir, tensorboard=cfg.tensorboard, log=log)
-        self.env = self.eval_env = None
+        self.env = self.eval_env = self.runtime = self.learner = None
         try:
             self._build(cfg)
         except BaseException:
@@ -157,8 +175,16 @@ class Trainer:
             raise
 
     def _build(self, cfg: TrainConfig) -> None:
-        self.env = make_env(cfg.env, num_envs=cfg.env.num_envs, device=self.device, seed=cfg.seed, log=self.log)
-        self.eval_env = eval_env_for(cfg, self.env, self.device, log=self.log)
+        self.runtime = make_runtime(cfg.runtime, cfg.ray, log=self.log)
+        if self.runtime.remote_envs:
+            self.env = self.runtime.make_env(cfg.env, num_envs=cfg.env.num_envs, device=self.device, seed=cfg.seed,
+                                             log=self.log)
+            # Env actors evaluate too: worker envs give env i the seed `seed + i` whatever their number, so the
+            # first `eval_episodes` envs play the episodes a smaller env would, and no more actors are reserved.
+            self.eval_env = self.env
+        else:
+            self.env = make_env(cfg.env, num_envs=cfg.env.num_envs, device=self.device, seed=cfg.seed, log=self.log)
+            self.eval_env = eval_env_for(cfg, self.env, self.device, log=self.log)
         spec = self.env.spec
         if self.resume_from is not None:   # self-contained: the checkpoint's own policy config and weights
             model, norm, _ = load_policy(self.resume_from, device=self.device)
@@ -179,9 +205,12 @@ class Trainer:
         self.skipped_in_a_row = 0
         if self.resume_from is not None:
             self.load(self.resume_from)
+        # Learner actors start from this learner's weights and optimizer state (a resumed one's included).
+        self.learner = self.runtime.learner(self.learner)
 
     def close(self) -> None:
-        """Release the envs (worker processes, simulators) and the TensorBoard writer. Idempotent.
+        """Release the envs (worker processes, simulators), the learner actors and Ray placement groups (a Ray
+        instance the run started is shut down), and the TensorBoard writer. Idempotent.
 
         Why it matters: a ManiSkill or LIBERO env holds worker processes; a program that runs several
         trainers one after another (``benchmarks/bench_learning.py``) otherwise keeps every earlier
@@ -191,6 +220,11 @@ class Trainer:
         if self.env is not None:
             self.env.close()
         self.env = self.eval_env = None
+        if self.learner is not None and hasattr(self.learner, "close"):   # learner actors
+            self.learner.close()
+        if self.runtime is not None:
+            self.runtime.close()
+            self.runtime = None
         self.metrics.close()
 
     def __enter__(self) -> Trainer:
@@ -301,6 +335,14 @@ class Trainer:
     def run(self) -> list[dict]:
         if self.env is None:
             raise RuntimeError("this trainer was closed (its envs are gone); make a new one or resume_trainer()")
+        try:
+            return self._run()
+        except LearnerError as e:   # learner actors out of step: stop, leaving the checkpoints as they are
+            raise TrainingError(f"{e}. The run stopped after iteration {self.iteration}; "
+                                f"{self._newest_checkpoint_text()} (continue it with `vla-rl train --resume "
+                                f"{self.run_dir}`)") from None
+
+    def _run(self) -> list[dict]:
         cfg = self.cfg
         self._start_run_dir()
         env_steps = sum(int(h.get("time/env_steps_iter", 0)) for h in self.history)
