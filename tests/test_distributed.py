@@ -8,11 +8,10 @@ import threading
 import pytest
 import torch
 
-from vla_rl.config import ConfigError, from_dict
+from vla_rl.config import ConfigError, from_dict, policy_preset
 from vla_rl.distributed.config import RayConfig
 from vla_rl.distributed.gradsync import pack_gradients, sum_over_learners, unpack_gradients
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
-from vla_rl.policies.config import policy_preset
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.rl.actor import Actor, SamplerConfig
