@@ -20,7 +20,8 @@ then run (from the repository root, with the project's venv):
 Each side is a long-lived worker process; the driver sends one timing request at a time, alternating the
 workers (the order rotates every round), so both see the same background load. A request times
 ``--repeats`` calls after a warm-up; the table reports the median over all rounds of wall-clock time (and
-of the worker's CPU time, both threads summed, in parentheses), and ``ours / LeRobot`` from those medians. Extra columns: ``--paths`` adds our reference sampler
+of the worker's CPU time, both threads summed, in parentheses), and ``ours / LeRobot`` from those medians.
+Extra columns: ``--paths`` adds our reference sampler
 (``flow.sample`` with every head and the stored chain, what PPO rollouts use) next to the deployment path.
 
 The LeRobot compatibility shim (in the worker below; the installed packages are not modified):
