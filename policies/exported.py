@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import flow
 from .config import PolicyConfig
+from .inference import CompileMode, Denoiser, cast_weights
 from .layers import resize_with_pad
 from .model import FlowPolicy
 from .normalize import NormStats, actions_from_model, state_to_model
@@ -304,10 +304,13 @@ def _resize(images: Tensor, size: int, mode: str = "stretch") -> Tensor:
 class ExportedPolicy:
     """A flow policy with its normalisation and robot interface, ready to act."""
 
-    def __init__(self, model: FlowPolicy, norm: NormStats, spec: ExportSpec, *, weight_dtype: str = "fp32"):
+    def __init__(self, model: FlowPolicy, norm: NormStats, spec: ExportSpec, *, weight_dtype: str = "fp32",
+                 compile: CompileMode = "none"):
         check_consistency(model.cfg, spec, norm)
         self.model, self.norm, self.spec = model.eval(), norm, spec
         self.weight_dtype = weight_dtype
+        # how the K denoising steps run: eagerly, torch.compile'd or as one CUDA graph (policies/inference.py)
+        self.denoiser = Denoiser(self.model, compile)
 
     @property
     def device(self) -> torch.device:
@@ -347,7 +350,7 @@ class ExportedPolicy:
         # Noise is drawn on the CPU, so a seed gives the same chunk on any device.
         gen = None if batch.seed is None else torch.Generator().manual_seed(batch.seed)
         noise = torch.randn(n, cfg.action_horizon, cfg.action_dim, generator=gen).to(dev)
-        x = flow.denoise(self.model.velocity_field(prefix), noise, num_steps=self.spec.num_steps)
+        x = self.denoiser(prefix, noise, num_steps=self.spec.num_steps)
         low, high = self.spec.action_low, self.spec.action_high
         if low is None and high is None:
             actions = self.norm.action.unnormalize(x[..., : self.spec.action_dim], self.norm.mode)
@@ -455,9 +458,11 @@ def _compute_dtype(stored: str, device: torch.device, dtype: str) -> torch.dtype
 
 
 def load_exported(path: str | Path, *, device: str | torch.device = "cpu",
-                  dtype: Literal["auto", "fp32", "bf16"] = "auto") -> ExportedPolicy:
+                  dtype: Literal["auto", "fp32", "bf16"] = "auto", compile: CompileMode = "none") -> ExportedPolicy:
     """Load an exported policy folder onto ``device``. ``dtype`` is the compute dtype: ``auto`` runs bf16 weights
-    in bf16 on a CUDA GPU and in fp32 on a CPU, fp32 weights in fp32."""
+    in bf16 on a CUDA GPU and in fp32 on a CPU, fp32 weights in fp32 (bf16 keeps the RMSNorm scales in fp32,
+    :func:`~vla_rl.policies.inference.cast_weights`). ``compile`` says how the denoising loop runs (``none``,
+    ``compile``, ``cudagraph``: :class:`~vla_rl.policies.inference.Denoiser`)."""
     path, device = Path(path), torch.device(device)
     cfg, norm, spec, stored = read_export_config(path)
     compute = _compute_dtype(stored, device, dtype)
@@ -481,10 +486,10 @@ def load_exported(path: str | Path, *, device: str | torch.device = "cpu",
     if any(t.is_meta for t in (*model.parameters(), *model.buffers())):   # a tensor the state dict does not hold
         model = FlowPolicy(cfg)
         model.load_state_dict(state)
-    model = model.to(device=device, dtype=compute)
+    model = cast_weights(model.to(device), "bf16" if compute == torch.bfloat16 else "fp32")
     if cfg.tokenizer == "sentencepiece":
         try:
             model.set_tokenizer(SentencePieceTokenizer.from_file(path / cfg.tokenizer_file))
         except (TokenizerError, ValueError) as e:
             raise ExportError(f"{path}: {e}") from None
-    return ExportedPolicy(model, norm, spec, weight_dtype=stored)
+    return ExportedPolicy(model, norm, spec, weight_dtype=stored, compile=compile)

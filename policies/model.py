@@ -84,7 +84,7 @@ class ExpertOutput:
 
 
 @dataclass
-class _ExpertContext:
+class ExpertContext:
     """Per-prefix state of the denoising steps: the suffix tokens' rotary tables, the attention mask
     ``[N, 1, 1 or S, P + S]``, and (sampling without gradients) per-layer key/value buffers ``[N, Hkv, P + S, D]``."""
 
@@ -370,7 +370,7 @@ class FlowPolicy(nn.Module):
     def _suffix_length(self, prefix: Prefix) -> int:
         return self.cfg.action_horizon + (0 if prefix.state_token is None else prefix.state_token.shape[1])
 
-    def _expert_context(self, prefix: Prefix) -> _ExpertContext:
+    def _expert_context(self, prefix: Prefix) -> ExpertContext:
         """What every denoising step of one prefix shares: the suffix tokens' rotary tables and mask."""
         mask = prefix.mask
         n, length = mask.shape[0], self._suffix_length(prefix)
@@ -381,9 +381,9 @@ class FlowPolicy(nn.Module):
         else:
             blocks = self._suffix_blocks(length, mask.device)[None].expand(n, length, length)
             attn_mask = torch.cat([mask[:, None, :].expand(n, length, -1), blocks], dim=2)[:, None]
-        return _ExpertContext(rope, attn_mask)
+        return ExpertContext(rope, attn_mask)
 
-    def _expert_features(self, prefix: Prefix, x_t: Tensor, t: Tensor, ctx: _ExpertContext) -> Tensor:
+    def _expert_features(self, prefix: Prefix, x_t: Tensor, t: Tensor, ctx: ExpertContext) -> Tensor:
         """The expert's final-normed action features ``[N, H, We]``."""
         if x_t.shape[0] != prefix.batch_size:
             raise ValueError(f"x_t has batch {x_t.shape[0]} but the prefix has {prefix.batch_size}")
@@ -411,26 +411,42 @@ class FlowPolicy(nn.Module):
         holds the prefix's part from the first call on, so a step writes the suffix part instead of
         concatenating the whole; the std and value heads do not run. Under autograd it falls back to
         concatenation (a buffer rewritten in place cannot be differentiated through)."""
-        ctx = self._expert_context(prefix)
-        buffered: dict[bool, _ExpertContext] = {}
+        ctx = self.sampling_context(prefix, buffers=False)
+        buffered: dict[bool, ExpertContext] = {}
 
         def f(x_t: Tensor, t: Tensor) -> Tensor:
             if torch.is_grad_enabled():
-                return self.velocity_head(self._expert_features(prefix, x_t, t, ctx)).float()
+                return self.sampling_velocity(prefix, ctx, x_t, t)
             mode = torch.is_inference_mode_enabled()   # inference tensors cannot be written outside the mode
             if mode not in buffered:
-                p, length = prefix.mask.shape[1], self._suffix_length(prefix)
-
-                def buffer(x: Tensor) -> Tensor:
-                    out = x.new_empty(*x.shape[:2], p + length, x.shape[3])
-                    out[:, :, :p] = x
-                    return out
-
-                buffered[mode] = _ExpertContext(ctx.rope, ctx.attn_mask, [buffer(k) for k in prefix.keys],
-                                                [buffer(v) for v in prefix.values])
-            return self.velocity_head(self._expert_features(prefix, x_t, t, buffered[mode])).float()
+                buffered[mode] = self.sampling_context(prefix, rope_mask=ctx)
+            return self.sampling_velocity(prefix, buffered[mode], x_t, t)
 
         return f
+
+    def sampling_context(self, prefix: Prefix, *, buffers: bool = True,
+                         rope_mask: ExpertContext | None = None) -> ExpertContext:
+        """What every denoising step of ``prefix`` shares (:meth:`sampling_velocity` reads it): the suffix
+        tokens' rotary tables and attention mask (taken from ``rope_mask`` if given) and, with ``buffers``,
+        per-layer key/value buffers ``[N, Hkv, P + S, D]`` holding the prefix's part, whose suffix part each
+        step overwrites (so only for steps without autograd)."""
+        ctx = rope_mask if rope_mask is not None else self._expert_context(prefix)
+        if not buffers:
+            return ExpertContext(ctx.rope, ctx.attn_mask)
+        p, length = prefix.mask.shape[1], self._suffix_length(prefix)
+
+        def buffer(x: Tensor) -> Tensor:
+            out = x.new_empty(*x.shape[:2], p + length, x.shape[3])
+            out[:, :, :p] = x
+            return out
+
+        return ExpertContext(ctx.rope, ctx.attn_mask, [buffer(k) for k in prefix.keys],
+                              [buffer(v) for v in prefix.values])
+
+    def sampling_velocity(self, prefix: Prefix, ctx: ExpertContext, x_t: Tensor, t: Tensor) -> Tensor:
+        """The velocity ``[N, H, A]`` (float32) at ``x_t``, ``t`` of one denoising step in the context
+        ``ctx`` of :meth:`sampling_context`: the velocity head alone, no std or value head."""
+        return self.velocity_head(self._expert_features(prefix, x_t, t, ctx)).float()
 
     def _heads(self, features: Tensor, prefix: Prefix) -> ExpertOutput:
         cfg = self.cfg

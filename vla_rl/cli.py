@@ -188,7 +188,8 @@ def _serve(args) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = ServeConfig(host=args.host, port=args.port, token=args.token, max_message_mb=args.max_message_mb,
-                      max_connections=args.max_connections, device=args.device, dtype=args.dtype)
+                      max_connections=args.max_connections, device=args.device, dtype=args.dtype,
+                      compile=args.compile)
     try:
         return run_server(args.export, cfg)
     except ExportError as e:
@@ -312,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument("--device", default="cpu", help="cpu or cuda")
     srv.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto",
                      help="compute dtype (auto: bf16 weights run in bf16 on a GPU, fp32 on a CPU)")
+    srv.add_argument("--compile", choices=["none", "compile", "cudagraph"], default="none",
+                     help="how the denoising loop runs: eagerly (default), torch.compile'd, or as one CUDA graph "
+                          "(cudagraph needs --device cuda; docs/speed.md)")
     srv.set_defaults(func=_serve)
     be = sub.add_parser("bench", help="evaluate a policy on a whole benchmark suite (LIBERO, ManiSkill task lists)",
                         description="Suites: libero_spatial, libero_object, libero_goal, libero_10, libero_90, "

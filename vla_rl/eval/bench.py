@@ -62,6 +62,8 @@ class BenchConfig:
     execute: int | None = positive(None)  # actions run per chunk; None: the whole chunk
     seed: int = nonneg(10_000)           # ManiSkill: reset seeds seed + k; both: the sampler's noise seeds
     device: str = "cpu"
+    dtype: Literal["fp32", "bf16"] = "fp32"   # the policy's weights (docs/speed.md)
+    compile: Literal["none", "compile", "cudagraph"] = "none"   # how the denoising loop runs (docs/speed.md)
     videos: int = nonneg(1)              # episodes recorded per task (one frame per chunk); 0: none
     video_format: Literal["mp4", "gif"] = "mp4"
     out: str = "runs/bench"
@@ -178,8 +180,11 @@ def _write_json_atomic(path: Path, doc: dict) -> None:
 
 def _identity(cfg: BenchConfig, weights: str) -> dict:
     """What must match for an earlier task result to count in this bench (not the workers or the output)."""
-    return {"weights_sha256": weights, "num_steps": cfg.num_steps, "execute": cfg.execute, "seed": cfg.seed,
-            "episodes": cfg.episodes_per_task, "env": dict(cfg.env)}
+    ident = {"weights_sha256": weights, "num_steps": cfg.num_steps, "execute": cfg.execute, "seed": cfg.seed,
+             "episodes": cfg.episodes_per_task, "env": dict(cfg.env)}
+    if cfg.dtype != "fp32":   # named only when not the default, so benches written before the option still match
+        ident["dtype"] = cfg.dtype
+    return ident
 
 
 def run_task(actor_for, task: BenchTask, cfg: BenchConfig, out: Path, log) -> dict:
@@ -228,8 +233,10 @@ def run_bench(checkpoint: str | Path, cfg: BenchConfig, *, command: list[str] | 
     """Run (or resume) a bench of ``checkpoint`` into ``cfg.out``; returns the results document."""
     checkpoint = Path(checkpoint)
     from vla_rl.interop.lerobot import load_any_policy  # ours, or a LeRobot π0 / π0.5 folder
+    from vla_rl.policies.inference import cast_weights
 
     model, norm, policy_config = load_any_policy(checkpoint, device=cfg.device)
+    cast_weights(model, cfg.dtype)
     tasks = plan_tasks(checkpoint, cfg, model.cfg, policy_config)
     weights = weights_sha256(checkpoint)
     ident = _identity(cfg, weights)
@@ -241,13 +248,13 @@ def run_bench(checkpoint: str | Path, cfg: BenchConfig, *, command: list[str] | 
         if path.is_file():
             doc = read_task_result(path)
             if doc["identity"] != ident:
-                diff = sorted(k for k in ident if doc["identity"].get(k) != ident[k])
+                diff = sorted(k for k in set(ident) | set(doc["identity"]) if doc["identity"].get(k) != ident.get(k))
                 raise BenchError(f"{path} was made with other settings ({', '.join(diff)}); use another out= or "
                                  "remove that folder")
 
     def actor_for(spec):
         try:
-            return Actor.for_env(model, norm, spec)
+            return Actor.for_env(model, norm, spec, compile=cfg.compile)
         except ValueError as e:
             raise BenchError(f"the policy does not fit this task: {e}") from None
 

@@ -121,6 +121,10 @@ class EvalConfig:
     execute: int = ranged(8, 1)
     num_envs: int = ranged(100, 1)
     device: str = "cpu"
+    # Inference runtime (docs/speed.md): bf16 weights, and how the ODE sampler's loop runs (none, compile,
+    # cudagraph; a mode that cannot run here falls back to the eager loop with a warning).
+    dtype: Literal["fp32", "bf16"] = "fp32"
+    compile: Literal["none", "compile", "cudagraph"] = "none"
     env: dict[str, Any] = field(default_factory=dict)  # fields of the checkpoint's env config to override
     # The sampler: "ode" (deterministic given the initial noise; the default, as in training's evaluation
     # by default) or the stochastic policy RL trained: method=sde (with noise_level, sde_mode) or method=noise.
@@ -143,16 +147,17 @@ class EvalConfig:
 
 
 def open_checkpoint(path: str | Path, *, env_config, num_envs: int, device: torch.device,
-                    seed: int) -> tuple[Actor, Any]:
-    """A policy or training checkpoint folder's policy as an :class:`Actor` on ``device``, and ``num_envs``
-    of the env ``env_config`` (an :class:`~vla_rl.env_factory.EnvConfig`, usually
-    :func:`checkpoint_env_config` of the same folder)."""
+                    seed: int, dtype: str = "fp32", compile: str = "none") -> tuple[Actor, Any]:
+    """A policy or training checkpoint folder's policy as an :class:`Actor` on ``device`` (weights in ``dtype``,
+    the denoising loop run as ``compile`` says), and ``num_envs`` of the env ``env_config`` (an
+    :class:`~vla_rl.env_factory.EnvConfig`, usually :func:`checkpoint_env_config` of the same folder)."""
     from vla_rl.interop.lerobot import load_any_policy
+    from vla_rl.policies.inference import cast_weights
 
     model, norm, _ = load_any_policy(Path(path))
     env = make_env(env_config, num_envs=num_envs, device=device, seed=seed)
     try:
-        actor = Actor.for_env(model.to(device), norm, env.spec)
+        actor = Actor.for_env(cast_weights(model.to(device), dtype), norm, env.spec, compile=compile)
     except BaseException:   # e.g. a policy made for another env's state size: no worker left behind
         env.close()
         raise
@@ -204,7 +209,7 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, *, over
     num_envs = min(cfg.num_envs, cfg.episodes)
     env_cfg = checkpoint_env_config(path, cfg.env)
     actor, env = open_checkpoint(path, env_config=env_cfg, num_envs=num_envs, device=resolve_device(cfg.device),
-                                 seed=cfg.seed)
+                                 seed=cfg.seed, dtype=cfg.dtype, compile=cfg.compile)
 
     def progress(done: int, total: int) -> None:
         if cfg.progress and total > num_envs:

@@ -55,6 +55,7 @@ class ServeConfig:
     max_batch: int = positive(64)               # observations per request
     device: str = "cpu"
     dtype: Literal["auto", "fp32", "bf16"] = "auto"
+    compile: Literal["none", "compile", "cudagraph"] = "none"   # how the denoising loop runs (docs/speed.md)
 
     def __post_init__(self):
         check_ranges(self)
@@ -216,7 +217,7 @@ def run_server(path: str, cfg: ServeConfig) -> int:
         from dataclasses import replace
 
         cfg = replace(cfg, token=token)
-    policy = load_exported(path, device=cfg.device, dtype=cfg.dtype)
+    policy = load_exported(path, device=cfg.device, dtype=cfg.dtype, compile=cfg.compile)
     if cfg.host not in LOOPBACK and cfg.token is None:
         log.warning("serving on %s without a token: anyone who can reach this port can drive the policy "
                     "(set --token or %s)", cfg.host, TOKEN_ENV)

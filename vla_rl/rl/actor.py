@@ -17,6 +17,7 @@ from torch import Tensor
 
 from vla_rl.config import check_ranges, positive, ranged
 from vla_rl.policies import flow
+from vla_rl.policies.inference import CompileMode, Denoiser
 from vla_rl.policies.model import FlowPolicy, Prefix
 from vla_rl.policies.normalize import NormStats, actions_from_model, actions_to_model, state_to_model
 
@@ -46,10 +47,12 @@ class Act:
 class Actor:
     """``model`` + ``norm`` acting on an env of ``env_state_dim`` / ``env_action_dim`` (default: the widths of
     ``norm``'s statistics, which are the env's) with actions clipped to ``[action_low, action_high]``.
-    :meth:`for_env` takes all four from an env's spec."""
+    :meth:`for_env` takes all four from an env's spec. ``compile`` says how :meth:`chunk`'s denoising loop
+    runs (:class:`~vla_rl.policies.inference.Denoiser`: ``none``, ``compile`` or ``cudagraph``)."""
 
     def __init__(self, model: FlowPolicy, norm: NormStats, *, env_state_dim: int | None = None,
-                 env_action_dim: int | None = None, action_low: float = -1.0, action_high: float = 1.0):
+                 env_action_dim: int | None = None, action_low: float = -1.0, action_high: float = 1.0,
+                 compile: CompileMode = "none"):
         cfg = model.cfg
         if env_state_dim is None:
             env_state_dim = norm.state.mean.shape[0]
@@ -65,13 +68,14 @@ class Actor:
         self.model, self.norm = model, norm
         self.env_state_dim, self.env_action_dim = env_state_dim, env_action_dim
         self.action_low, self.action_high = action_low, action_high
+        self.denoiser = Denoiser(model, compile)
 
     @classmethod
-    def for_env(cls, model: FlowPolicy, norm: NormStats, spec) -> Actor:
+    def for_env(cls, model: FlowPolicy, norm: NormStats, spec, *, compile: CompileMode = "none") -> Actor:
         """The actor for an env with ``spec`` (an :class:`~vla_rl.envs.base.EnvSpec`): its state and action
         widths and its action bounds."""
         return cls(model, norm, env_state_dim=spec.state_dim, env_action_dim=spec.action_dim,
-                   action_low=spec.action_low, action_high=spec.action_high)
+                   action_low=spec.action_low, action_high=spec.action_high, compile=compile)
 
     @property
     def dim_mask(self) -> Tensor:
@@ -116,14 +120,13 @@ class Actor:
 
     def chunk(self, obs: dict, sampler: SamplerConfig, *, generator: torch.Generator | None = None) -> Tensor:
         """Env-unit actions ``[N, H, a]`` alone (evaluation, deployment). The ODE sampler takes the
-        deterministic fast path (:func:`flow.denoise` of :meth:`FlowPolicy.velocity_field`: no step noise,
-        densities, chain, std or value head, nor the prefix's unread last-layer outputs); the stochastic
-        samplers need their step noise and run :meth:`act`."""
+        deterministic fast path (:func:`flow.denoise` of :meth:`FlowPolicy.velocity_field`, its loop run as
+        ``compile`` says: no step noise, densities, chain, std or value head, nor the prefix's unread last-layer
+        outputs); the stochastic samplers need their step noise and run :meth:`act`."""
         if sampler.method != "ode":
             return self.act(obs, sampler, generator=generator).actions
         prefix = self.model.encode_prefix(self.model_obs(obs), hidden=False)
         cfg = self.model.cfg
         noise = torch.randn(prefix.batch_size, cfg.action_horizon, cfg.action_dim, generator=generator,
                             device=self.model.device)
-        return self.env_actions(flow.denoise(self.model.velocity_field(prefix), noise,
-                                             num_steps=sampler.num_steps))
+        return self.env_actions(self.denoiser(prefix, noise, num_steps=sampler.num_steps))

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from vla_rl.config import ConfigError, check_ranges, fraction, nonneg, positive, ranged
 from vla_rl.policies import flow
+from vla_rl.policies.recompute import activation_checkpointing
 from vla_rl.rl import advantages as adv_lib
 from vla_rl.rl import losses
 from vla_rl.rl.actor import Actor
@@ -70,6 +71,10 @@ class PPOConfig:
     actor_lr_final: float = fraction(0.1)
     actor_lr_decay_start: int = nonneg(0)
     freeze_prefix: bool = False
+    # Activation checkpointing during the update (policies/recompute.py): "prefix" (vision + prefix backbone),
+    # "expert", "all" or "none". Costs about one more forward pass of those layers; what it saves is what lets
+    # the pi0 preset's minibatches of 64 fit one GPU (docs/training.md).
+    grad_checkpointing: Literal["none", "prefix", "expert", "all"] = "none"
     log_prob: LogProbConfig = LogProbConfig()
 
     def __post_init__(self):
@@ -165,51 +170,53 @@ class Learner:
         sums: dict[str, float] = {}
         count = 0
         model.train()
-        epochs_run = 0
-        for _ in range(cfg.update_epochs):
-            epochs_run += 1
-            perm = valid[torch.randperm(total, generator=gen).to(valid.device)]
-            epoch_kl = []
-            for start in range(0, total, mb_size):
-                mb = perm[start:start + mb_size]
-                self.optimizer.zero_grad(set_to_none=True)
-                share, counts = self._share(mb)
-                mb_metrics: dict[str, float] = {}
-                for idx in share.chunk(cfg.grad_accum):
-                    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
-                        loss, m = self._loss({k: v[idx] for k, v in obs.items()}, chain[idx], stoch[idx],
-                                             old_lp[idx], old_v[idx], adv[idx], ret[idx], critic_only, ro)
-                    used = idx.numel() if counts else 0
-                    (loss * used / mb.numel()).backward()
-                    for k, v in m.items():
-                        if k.endswith("_max"):   # a maximum over the minibatch's samples, not a mean
-                            mb_metrics[k] = max(mb_metrics.get(k, -math.inf), v if used else -math.inf)
-                        else:
-                            mb_metrics[k] = mb_metrics.get(k, 0.0) + v * used / mb.numel()
-                if self.sync is not None:
-                    mb_metrics = self.sync(self.params, mb_metrics)
-                # A norm is non-finite iff some gradient in it is: two checks cover every parameter.
-                grad_norm, critic_grad_norm = clip_grad_norms(self.optimizer, cfg.max_grad_norm)
-                if not (math.isfinite(mb_metrics["losses/total"]) and math.isfinite(float(grad_norm))
-                        and math.isfinite(float(critic_grad_norm))):
-                    self.skipped_steps += 1  # never apply (nor later save) a non-finite update
+        # the model is restored when the block ends (nothing checkpointed is saved or copied)
+        with activation_checkpointing(model, cfg.grad_checkpointing):
+            epochs_run = 0
+            for _ in range(cfg.update_epochs):
+                epochs_run += 1
+                perm = valid[torch.randperm(total, generator=gen).to(valid.device)]
+                epoch_kl = []
+                for start in range(0, total, mb_size):
+                    mb = perm[start:start + mb_size]
                     self.optimizer.zero_grad(set_to_none=True)
-                    continue
-                if critic_only:  # warm-up trains the value head alone; dropping the actor's gradients (not
-                    # just its zero lr) also keeps value-loss gradients out of the actor's Adam moments
-                    for group in self.optimizer.param_groups:
-                        if group.get("name") == "actor":
-                            for p in group["params"]:
-                                p.grad = None
-                self.optimizer.step()
-                mb_metrics["losses/grad_norm"] = float(grad_norm)
-                mb_metrics["losses/critic_grad_norm"] = float(critic_grad_norm)
-                for k, v in mb_metrics.items():
-                    sums[k] = sums.get(k, 0.0) + v
-                count += 1
-                epoch_kl.append(mb_metrics.get("losses/approx_kl", 0.0))
-            if cfg.target_kl is not None and epoch_kl and sum(epoch_kl) / len(epoch_kl) > cfg.target_kl:
-                break  # KL early stop: the policy already moved far enough for this rollout
+                    share, counts = self._share(mb)
+                    mb_metrics: dict[str, float] = {}
+                    for idx in share.chunk(cfg.grad_accum):
+                        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
+                            loss, m = self._loss({k: v[idx] for k, v in obs.items()}, chain[idx], stoch[idx],
+                                                 old_lp[idx], old_v[idx], adv[idx], ret[idx], critic_only, ro)
+                        used = idx.numel() if counts else 0
+                        (loss * used / mb.numel()).backward()
+                        for k, v in m.items():
+                            if k.endswith("_max"):   # a maximum over the minibatch's samples, not a mean
+                                mb_metrics[k] = max(mb_metrics.get(k, -math.inf), v if used else -math.inf)
+                            else:
+                                mb_metrics[k] = mb_metrics.get(k, 0.0) + v * used / mb.numel()
+                    if self.sync is not None:
+                        mb_metrics = self.sync(self.params, mb_metrics)
+                    # A norm is non-finite iff some gradient in it is: two checks cover every parameter.
+                    grad_norm, critic_grad_norm = clip_grad_norms(self.optimizer, cfg.max_grad_norm)
+                    if not (math.isfinite(mb_metrics["losses/total"]) and math.isfinite(float(grad_norm))
+                            and math.isfinite(float(critic_grad_norm))):
+                        self.skipped_steps += 1  # never apply (nor later save) a non-finite update
+                        self.optimizer.zero_grad(set_to_none=True)
+                        continue
+                    if critic_only:  # warm-up trains the value head alone; dropping the actor's gradients (not
+                        # just its zero lr) also keeps value-loss gradients out of the actor's Adam moments
+                        for group in self.optimizer.param_groups:
+                            if group.get("name") == "actor":
+                                for p in group["params"]:
+                                    p.grad = None
+                    self.optimizer.step()
+                    mb_metrics["losses/grad_norm"] = float(grad_norm)
+                    mb_metrics["losses/critic_grad_norm"] = float(critic_grad_norm)
+                    for k, v in mb_metrics.items():
+                        sums[k] = sums.get(k, 0.0) + v
+                    count += 1
+                    epoch_kl.append(mb_metrics.get("losses/approx_kl", 0.0))
+                if cfg.target_kl is not None and epoch_kl and sum(epoch_kl) / len(epoch_kl) > cfg.target_kl:
+                    break  # KL early stop: the policy already moved far enough for this rollout
         model.eval()
         self.applied_steps = count
         out = {k: v / max(count, 1) for k, v in sums.items()}

@@ -1,0 +1,75 @@
+"""Activation checkpointing (recomputation) of a flow policy's layers for training at π0 scale.
+
+Backpropagation keeps every layer's intermediate activations; at the ``pi0`` preset's sizes (Gemma-2B prefix
+with an MLP 16384 wide over 3 x 256 image tokens + 48 text tokens) they, not the weights, decide whether a
+minibatch of 64 fits one GPU. With checkpointing a layer keeps its inputs only and recomputes its insides
+during the backward pass: about one more forward pass of the checkpointed layers, for activations that no
+longer grow with the MLP's width.
+
+Parts: ``prefix`` (the vision blocks and the prefix backbone's layers), ``expert`` (the action expert's layers;
+with Flow-Noise the expert runs K times per sample, so its activations grow with K) or ``all``. The joint
+attention splits each stream layer into :meth:`~vla_rl.policies.layers.StreamLayer.project` and
+:meth:`~vla_rl.policies.layers.StreamLayer.finish`; each half is checkpointed on its own (the attention between
+them keeps its inputs). Outside autograd (sampling) the layers run as they are. Recomputation repeats the same
+operations on the same inputs, so values and gradients are those of the plain model (tests/test_gpu_path.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from typing import Literal
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from .model import FlowPolicy
+
+Parts = Literal["none", "prefix", "expert", "all"]
+PARTS = ("none", "prefix", "expert", "all")
+_STREAM_METHODS = ("project", "keys_values", "finish")
+
+
+def _recomputed(module: nn.Module, name: str):
+    method = getattr(type(module), name)
+
+    @functools.wraps(method)
+    def run(*args, **kwargs):
+        if torch.is_grad_enabled():
+            return checkpoint(method, module, *args, use_reentrant=False, **kwargs)
+        return method(module, *args, **kwargs)
+
+    return run
+
+
+def _targets(model: FlowPolicy, parts: str) -> list[tuple[nn.Module, tuple[str, ...]]]:
+    if parts not in PARTS:
+        raise ValueError(f"activation checkpointing parts must be one of {list(PARTS)}, got {parts!r}")
+    out: list[tuple[nn.Module, tuple[str, ...]]] = []
+    if parts in ("prefix", "all"):
+        out += [(block, ("forward",)) for block in model.vision_blocks]
+        out += [(layer, _STREAM_METHODS) for layer in model.prefix_layers]
+    if parts in ("expert", "all"):
+        out += [(layer, _STREAM_METHODS) for layer in model.expert_layers]
+    return out
+
+
+@contextlib.contextmanager
+def activation_checkpointing(model: FlowPolicy, parts: Parts) -> Iterator[FlowPolicy]:
+    """Within the block, the layers of ``parts`` of ``model`` recompute their activations in the backward pass
+    (``none``: nothing changes). The model is restored when the block ends, so nothing of it is saved,
+    copied or sent elsewhere (checkpoints, Ray actors) while it is on."""
+    targets = _targets(model, parts)
+    for module, names in targets:
+        for name in names:
+            if name in module.__dict__:
+                raise RuntimeError(f"{type(module).__name__}.{name} is already checkpointed (nested blocks?)")
+            module.__dict__[name] = _recomputed(module, name)
+    try:
+        yield model
+    finally:
+        for module, names in targets:
+            for name in names:
+                module.__dict__.pop(name, None)
