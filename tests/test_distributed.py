@@ -17,7 +17,7 @@ from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.rollout import collect_rollout
-from vla_rl.rl.trainer import TrainConfig
+from vla_rl.rl.trainer import TrainConfig, resumed_config
 
 SMALL = {"depth": 1, "vision": {"depth": 1}, "prefix": {"width": 32, "mlp_dim": 64},
          "expert": {"width": 32, "mlp_dim": 64}, "value_hidden": 32}
@@ -172,3 +172,11 @@ def test_runtime_ray_without_ray_installed_is_a_config_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)   # import ray fails as if not installed
     with pytest.raises(ConfigError, match=r"runtime: ray needs Ray: pip install 'vla-rl\[ray\]'"):
         make_runtime("ray", RayConfig())
+
+
+def test_resuming_with_runtime_local_drops_the_ray_section():
+    saved = {"runtime": "ray", "ray": {"learners": 2, "address": "auto"}, "iterations": 4}
+    assert resumed_config(saved, {"runtime": "local", "iterations": 6}) == {"runtime": "local", "iterations": 6}
+    assert resumed_config(saved, {"ray": {"learners": 1}}) == {"runtime": "ray", "iterations": 4,
+                                                               "ray": {"learners": 1, "address": "auto"}}
+    from_dict(TrainConfig, resumed_config(saved, {"runtime": "local"}))   # a valid config

@@ -1,9 +1,9 @@
 """The package's rooms import downhill and nothing imports in a circle.
 
-Order: ``vla_rl.cli`` -> the rooms (``rl``, ``eval``, ``data``, ``interop``, ``sft``, ``demo``) -> the plumbing
-(``config``, ``checkpoint``, ``outputs``, ``env_factory``) -> ``envs`` -> ``policies``. Imports inside functions
-count too: a lazy import that closes a circle is still a circle. The modules are read as source (nothing is
-imported), so optional simulators need not be installed.
+Order: ``vla_rl.cli`` -> the rooms (``rl``, ``eval``, ``data``, ``interop``, ``distributed``, ``sft``, ``demo``)
+-> the plumbing (``config``, ``checkpoint``, ``outputs``, ``env_factory``) -> ``envs`` -> ``policies``. Imports
+inside functions count too: a lazy import that closes a circle is still a circle. The modules are read as source
+(nothing is imported), so optional simulators need not be installed.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = {"vla_rl": ROOT / "vla_rl", "vla_rl.envs": ROOT / "envs", "vla_rl.policies": ROOT / "policies"}
-ROOMS = ("vla_rl.rl", "vla_rl.eval", "vla_rl.data", "vla_rl.interop", "vla_rl.sft", "vla_rl.demo")
+ROOMS = ("vla_rl.rl", "vla_rl.eval", "vla_rl.data", "vla_rl.interop", "vla_rl.distributed", "vla_rl.sft", "vla_rl.demo")
 PLUMBING = ("vla_rl.config", "vla_rl.checkpoint", "vla_rl.outputs", "vla_rl.env_factory")
 
 
@@ -113,3 +113,13 @@ def test_imports_go_downhill():
             continue
         problems += [f"{module} imports {d}" for d in sorted(deps) if not in_room(d, allowed)]
     assert not problems, "imports that go uphill:\n" + "\n".join(problems)
+
+
+def test_every_package_folder_is_installed():
+    """A package folder missing from pyproject's explicit list works from a checkout but is absent from a wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join([package, *init.parent.relative_to(folder).parts])
+             for package, folder in SOURCES.items() for init in folder.rglob("__init__.py")}
+    assert found - listed == set(), "package folders missing from pyproject.toml [tool.setuptools] packages"

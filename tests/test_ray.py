@@ -3,6 +3,7 @@ actors killed mid-run, a learner lost mid-run, and (slow) a two-node cluster sta
 
 import functools
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -132,6 +133,10 @@ def test_two_ray_learners_give_the_metrics_and_weights_of_a_local_run(cluster, s
         assert want.keys() == have.keys()
         for k in want:
             assert torch.allclose(have[k], want[k], rtol=1e-3, atol=1e-5), (name, k)
+    # The checkpoints are a local run's: `--resume RUN_DIR runtime=local` continues it on one machine.
+    with resume_trainer(tmp_path / "ray", overrides={"runtime": "local"}, log=QUIET) as resumed:
+        assert resumed.iteration == 2 and resumed.cfg.ray == RayConfig()
+        assert type(resumed.learner).__name__ == "Learner"
 
 
 def test_env_actors_give_the_metrics_of_a_local_run_and_survive_a_killed_actor(cluster, sft, tmp_path,
@@ -237,8 +242,7 @@ def _ray_start(args: list[str], env: dict, temp_dir: str) -> subprocess.Popen:
 
 @pytest.mark.slow
 def test_a_run_on_a_two_node_cluster_spreads_its_env_actors(sft, tmp_path):
-    if ray.is_initialized():
-        pytest.skip("this process is connected to another Ray instance")
+    # The run is a `vla-rl train` subprocess: this process's own Ray connection (if any) plays no part.
     # Token authentication is on by default in this Ray version; every process of the cluster must use it.
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(ROOT)}
     temp_dir = tempfile.mkdtemp(prefix="vr", dir="/tmp")   # Ray's socket paths must stay short
@@ -277,6 +281,7 @@ def test_a_run_on_a_two_node_cluster_spreads_its_env_actors(sft, tmp_path):
                     break
                 except subprocess.TimeoutExpired:
                     continue
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def test_env_actor_pool_equals_the_same_envs_in_process(cluster):

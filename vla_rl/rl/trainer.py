@@ -398,6 +398,15 @@ class Trainer:
         return self.history
 
 
+def resumed_config(saved: dict, overrides: dict) -> dict:
+    """The config a resumed run continues with: ``saved`` with ``overrides`` merged in. ``runtime=local``
+    without a ``ray`` override also drops the saved ``ray`` section, so a run trained on Ray continues on one
+    machine (the checkpoints are the same either way)."""
+    if overrides.get("runtime") == "local" and "ray" not in overrides:
+        saved = {k: v for k, v in saved.items() if k != "ray"}
+    return merge(saved, overrides)
+
+
 def resume_trainer(run_dir: str | Path, *, overrides: dict | None = None, log=print) -> Trainer:
     """A trainer that continues ``run_dir`` from its newest intact checkpoint (``overrides`` may e.g. raise
     ``iterations``). Metrics logged after that checkpoint are dropped and recomputed.
@@ -410,7 +419,7 @@ def resume_trainer(run_dir: str | Path, *, overrides: dict | None = None, log=pr
     for ckpt in resume_candidates(run_dir, log=log):
         try:
             verify_checkpoint(ckpt)
-            cfg = from_dict(TrainConfig, merge(read_yaml_file(ckpt / "train_config.yaml"), overrides or {}))
+            cfg = from_dict(TrainConfig, resumed_config(read_yaml_file(ckpt / "train_config.yaml"), overrides or {}))
             trainer = Trainer(cfg, run_dir=run_dir, log=log, resume_from=ckpt)
         except CheckpointError as e:
             problems.append(f"{ckpt.name}: {e}")
