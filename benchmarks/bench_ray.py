@@ -22,8 +22,10 @@ disaggregated (the envs as single envs in 4 CPU env actors, one learner actor ho
     python benchmarks/bench_ray.py --train --iterations 6 --repeats 2
     python benchmarks/bench_ray.py --train --device cuda --iterations 12 --repeats 3
 
-Ray is started with ``max(workers)`` logical CPUs (envs) or 2 (training), so that every actor holds a whole CPU
-slot whatever the machine has; what the actors can use is the machine's cores.
+Ray is started as a run starts a private instance (:func:`vla_rl.distributed.runtime.connect`: the actors at this
+process's priority, not Ray's default of 15 nice levels lower; ``RAY_worker_niceness=15`` in the environment
+measures that default), with ``max(workers)`` logical CPUs (envs) or 2 (training), so that every actor holds a
+whole CPU slot whatever the machine has; what the actors can use is the machine's cores.
 """
 
 from __future__ import annotations
@@ -49,8 +51,21 @@ def factory(env: str):
     return functools.partial(ManiSkillSingleEnv, cfg)
 
 
-def window(pool, seconds: float, horizon: int, gen: torch.Generator) -> float:
-    """Env-steps/s of ``pool`` stepping random chunks for ``seconds``."""
+def worker_pids(pool) -> list[int]:
+    if hasattr(pool, "where"):                       # env actors
+        return [pid for _, pid in pool.where()]
+    return [proc.pid for proc in pool._procs]        # worker processes
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    import psutil  # a dependency of ray[default]
+
+    return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids)
+
+
+def window(pool, pids: list[int], seconds: float, horizon: int, gen: torch.Generator) -> tuple[float, float, float]:
+    """(env-steps/s, CPU ms of the workers per env-step, CPU ms of this process per env-step) of ``pool`` stepping
+    random chunks for ``seconds``. CPU time does not depend on what else runs on the machine, wall time does."""
     n, spec = pool.num_envs, pool.spec
 
     def chunk():
@@ -58,10 +73,11 @@ def window(pool, seconds: float, horizon: int, gen: torch.Generator) -> float:
         return spec.action_low + (spec.action_high - spec.action_low) * u
 
     steps = 0
-    t0 = time.perf_counter()
+    workers0, driver0, t0 = cpu_seconds(pids), time.process_time(), time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         steps += int(pool.step(chunk()).steps.sum())
-    return steps / (time.perf_counter() - t0)
+    dt = time.perf_counter() - t0
+    return (steps / dt, 1e3 * (cpu_seconds(pids) - workers0) / steps, 1e3 * (time.process_time() - driver0) / steps)
 
 
 def build(kind: str, env: str, n: int, workers: int):
@@ -87,18 +103,21 @@ def env_rows(args, counts: list[int]) -> list[dict]:
             for kind in ("local", "ray"):
                 pools[kind], built[kind] = build(kind, args.env, args.envs, w)
             gen = torch.Generator().manual_seed(0)
-            rates: dict[str, list[float]] = {"local": [], "ray": []}
+            pids = {kind: worker_pids(pool) for kind, pool in pools.items()}
+            runs: dict[str, list[tuple]] = {"local": [], "ray": []}
             for kind in ("local", "ray"):
-                window(pools[kind], min(1.0, args.seconds), args.horizon, gen)   # warm-up
+                window(pools[kind], pids[kind], min(1.0, args.seconds), args.horizon, gen)   # warm-up
             for r in range(args.repeats):
                 for kind in (("local", "ray") if r % 2 == 0 else ("ray", "local")):
-                    rates[kind].append(window(pools[kind], args.seconds, args.horizon, gen))
+                    runs[kind].append(window(pools[kind], pids[kind], args.seconds, args.horizon, gen))
         finally:
             for pool in pools.values():
                 pool.close()
         for kind in ("local", "ray"):
-            rows.append({"kind": kind, "workers": w, "build_s": built[kind], "steps_per_s": statistics.median(
-                rates[kind]), "min": min(rates[kind]), "max": max(rates[kind])})
+            rate, worker_ms, driver_ms = (statistics.median(x) for x in zip(*runs[kind]))
+            rows.append({"kind": kind, "workers": w, "build_s": built[kind], "steps_per_s": rate,
+                         "worker_ms": worker_ms, "driver_ms": driver_ms,
+                         "range": (min(r[0] for r in runs[kind]), max(r[0] for r in runs[kind]))})
             print(rows[-1], flush=True)
     return rows
 
@@ -177,24 +196,25 @@ def main() -> None:
     import ray
 
     from vla_rl.distributed.config import RayConfig
-    from vla_rl.distributed.runtime import init_kwargs
+    from vla_rl.distributed.runtime import connect
 
     counts = [int(w) for w in args.workers.split(",")]
-    ray.init(**init_kwargs(RayConfig(num_cpus=max(counts))))
+    connect(RayConfig(num_cpus=max(counts)))   # a private instance, as a run starts it
     try:
         rows = env_rows(args, counts)
     finally:
         ray.shutdown()
     print(f"\n{args.env}, {args.envs} envs, chunks of {args.horizon} actions, {cores} CPU cores, load average "
           f"{load:.1f} -> {os.getloadavg()[0]:.1f}; medians of {args.repeats} windows of {args.seconds:g} s")
-    print("| workers | local env-steps/s | Ray env-steps/s | Ray / local | local build + reset, s "
-          "| Ray build + reset, s |")
+    print("| workers | env-steps/s local / Ray | Ray / local | worker CPU ms per env-step local / Ray "
+          "| driver CPU ms per env-step local / Ray | build + reset s local / Ray |")
     print("|---|---|---|---|---|---|")
     for w in counts:
         loc, rem = [next(r for r in rows if r["kind"] == k and r["workers"] == w) for k in ("local", "ray")]
         ratio = rem["steps_per_s"] / loc["steps_per_s"]
-        print(f"| {w} | {loc['steps_per_s']:.0f} | {rem['steps_per_s']:.0f} | {ratio:.2f} | {loc['build_s']:.1f} "
-              f"| {rem['build_s']:.1f} |")
+        print(f"| {w} | {loc['steps_per_s']:.0f} / {rem['steps_per_s']:.0f} | {ratio:.2f} "
+              f"| {loc['worker_ms']:.2f} / {rem['worker_ms']:.2f} | {loc['driver_ms']:.3f} / {rem['driver_ms']:.3f} "
+              f"| {loc['build_s']:.1f} / {rem['build_s']:.1f} |")
 
 
 if __name__ == "__main__":

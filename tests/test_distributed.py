@@ -155,14 +155,17 @@ def test_ray_config_is_checked():
                        ({"runtime": "ray", "ray": {"placement": "scattered"}}, "ray.placement: 'scattered' is not"),
                        ({"runtime": "ray", "ray": {"learner_cpus": 0}}, "ray.learner_cpus = 0.0 is outside"),
                        ({"runtime": "ray", "ray": {"backend": "nccl"}}, "nccl needs GPU learners"),
+                       ({"runtime": "ray", "ray": {"backend": "nccl", "learners": 2, "learner_gpus": 0.5}},
+                        "learners sharing a GPU cannot form an NCCL group"),
                        ({"runtime": "ray", "ray": {"address": "auto", "num_cpus": 2}}, "num_cpus / num_gpus size"),
                        ({"runtime": "ray", "ray": {"workers": 2}}, "unknown config key(s): ray.workers"),
                        ({"runtime": "cluster"}, "runtime: 'cluster' is not one of")]:
         with pytest.raises(ConfigError) as err:
             from_dict(TrainConfig, {"env": {"num_envs": 8}, **over})
         assert want in str(err.value), (want, str(err.value))
-    cfg = RayConfig(placement="disaggregated", learner_gpus=0.5)
+    cfg = RayConfig(placement="disaggregated", learner_gpus=1)
     assert (cfg.dist_backend, cfg.strategy_for("env"), cfg.strategy_for("learner")) == ("nccl", "SPREAD", "PACK")
+    assert RayConfig(learners=2, learner_gpus=0.5).dist_backend == "gloo"   # two learners may share one GPU
     assert RayConfig().strategy_for("all") == "STRICT_PACK" and RayConfig().dist_backend == "gloo"
 
 

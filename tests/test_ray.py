@@ -21,7 +21,7 @@ ray = pytest.importorskip("ray")
 from vla_rl.checkpoint import read_tensors, save_policy  # noqa: E402
 from vla_rl.config import from_dict  # noqa: E402
 from vla_rl.distributed.config import RayConfig  # noqa: E402
-from vla_rl.distributed.runtime import init_kwargs  # noqa: E402
+from vla_rl.distributed.runtime import connect  # noqa: E402
 from vla_rl.env_factory import single_env_factory  # noqa: E402
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachSingleEnv  # noqa: E402
 from vla_rl.envs.env_group import EnvGroup, land_reset, land_step, obs_layout  # noqa: E402
@@ -69,8 +69,7 @@ class InProcessPool(WorkerPool):
 def cluster():
     if ray.is_initialized():
         pytest.skip("this process is already connected to Ray")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(**init_kwargs(RayConfig(num_cpus=2)))
+    assert connect(RayConfig(num_cpus=2))   # a private instance, as a run starts it
     yield
     ray.shutdown()
 
@@ -292,6 +291,8 @@ def test_env_actor_pool_equals_the_same_envs_in_process(cluster):
     procs = InProcessPool(factory, 5, envs_per_worker=3)
     try:
         assert [len(s) for s in actors.slices] == [3, 2]
+        # The actors run at this process's priority, as local worker processes do (not Ray's +15).
+        assert {os.getpriority(os.PRIO_PROCESS, pid) for _, pid in actors.where()} == {os.nice(0)}
         a, b = actors.reset(seed=3), procs.reset(seed=3)
         assert torch.equal(a["images"], b["images"]) and a["instruction"] == b["instruction"]
         gen = torch.Generator().manual_seed(0)

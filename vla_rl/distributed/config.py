@@ -41,7 +41,9 @@ class RayConfig:
     # Placement group strategy of every group; auto: STRICT_PACK colocated, and disaggregated SPREAD for the env
     # actors' group and PACK for the learners'.
     strategy: Literal["auto", "PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "auto"
-    backend: Literal["auto", "gloo", "nccl"] = "auto"   # auto: nccl when learners have GPUs, else gloo
+    # auto: nccl when every learner holds whole GPUs, else gloo (NCCL refuses two ranks on one GPU, which
+    # fractional learner_gpus allow; gloo all-reduces CUDA tensors through the host).
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
     # Longest wait for the placement groups and actors to start, an env actor's reply, and a learner's update.
     timeout_s: float = ranged(600.0, 1)
 
@@ -55,6 +57,9 @@ class RayConfig:
             raise ConfigError(f"backend: {self.backend!r} is not one of ['auto', 'gloo', 'nccl']")
         if self.backend == "nccl" and self.learners and self.learner_gpus == 0:
             raise ConfigError("backend: nccl needs GPU learners (set learner_gpus > 0) or use gloo")
+        if self.backend == "nccl" and self.learners > 1 and self.learner_gpus < 1:
+            raise ConfigError(f"backend: nccl with learner_gpus = {self.learner_gpus:g}: learners sharing a GPU "
+                              "cannot form an NCCL group (give each learner_gpus >= 1, or use gloo)")
         if self.address is not None and (self.num_cpus is not None or self.num_gpus is not None):
             raise ConfigError("num_cpus / num_gpus size a private Ray instance (address: null); a cluster "
                               f"({self.address!r}) has the resources its nodes were started with")
@@ -65,7 +70,7 @@ class RayConfig:
     def dist_backend(self) -> str:
         if self.backend != "auto":
             return self.backend
-        return "nccl" if self.learner_gpus > 0 else "gloo"
+        return "nccl" if self.learner_gpus >= 1 else "gloo"
 
     def strategy_for(self, group: Literal["env", "learner", "all"]) -> str:
         """The placement group strategy of ``group`` ("all": the one group of colocated placement)."""
