@@ -23,6 +23,11 @@ workers (the order rotates every round), so both see the same background load. A
 of the worker's CPU time, both threads summed, in parentheses), and ``ours / LeRobot`` from those medians.
 Extra columns: ``--paths`` adds our reference sampler
 (``flow.sample`` with every head and the stored chain, what PPO rollouts use) next to the deployment path.
+``--split`` adds a second table, where each side's time goes (medians over ``--repeats`` calls per round):
+the ViT (with the patch embedding and the projection to the prefix width), the K denoising steps (the
+expert passes with their velocity head) and the rest (the prefix backbone, embeddings, masks and Euler
+updates), found by timing the methods that do them (ours: ``_embed_images``, ``sampling_velocity``;
+LeRobot: ``embed_image``, ``denoise_step``).
 
 The LeRobot compatibility shim (in the worker below; the installed packages are not modified):
 - LeRobot checks for its patched transformers (``transformers.models.siglip.check``); stock transformers
@@ -192,12 +197,49 @@ def _ours_runner(dims: dict, horizon: int, action_dim: int, steps: int, path: st
     return prepare, run
 
 
+class _Split:
+    """Wall and CPU seconds spent inside a few named methods, accumulated while ``on``."""
+
+    def __init__(self):
+        self.on, self.wall, self.cpu = False, {}, {}
+
+    def wrap(self, owner, name: str, part: str) -> None:
+        inner = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            if not self.on:
+                return inner(*args, **kwargs)
+            t0, c0 = time.perf_counter(), time.process_time()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.wall[part] = self.wall.get(part, 0.0) + time.perf_counter() - t0
+                self.cpu[part] = self.cpu.get(part, 0.0) + time.process_time() - c0
+
+        setattr(owner, name, timed)
+
+
+def _split_parts(kind: str) -> _Split:
+    split = _Split()
+    if kind == "lerobot":
+        from lerobot.policies.pi0 import modeling_pi0 as mp
+
+        split.wrap(mp.PaliGemmaWithExpertModel, "embed_image", "vit")
+        split.wrap(mp.PI0Pytorch, "denoise_step", "steps")
+    else:
+        from vla_rl.policies.model import FlowPolicy
+
+        split.wrap(FlowPolicy, "_embed_images", "vit")
+        split.wrap(FlowPolicy, "sampling_velocity", "steps")
+    return split
+
+
 def worker(kind: str, threads: int) -> None:
     """Serve timing requests (one JSON object per line on stdin, one answer per line on stdout)."""
     import torch
 
     torch.set_num_threads(threads)
-    runners, inputs = {}, {}
+    runners, inputs, split = {}, {}, None
     for line in sys.stdin:
         req = json.loads(line)
         dims, horizon, action_dim, batch = req["dims"], req["horizon"], req["action_dim"], req["batch"]
@@ -211,6 +253,18 @@ def worker(kind: str, threads: int) -> None:
         if (key, batch) not in inputs:
             inputs[(key, batch)] = prepare(_inputs(dims, batch, horizon, action_dim))
             run(inputs[(key, batch)])                                        # warm-up
+        if req.get("split"):
+            split = split or _split_parts(kind)
+            parts = []
+            for _ in range(req["repeats"]):
+                split.on, split.wall, split.cpu = True, {}, {}
+                t0, c0 = time.perf_counter(), time.process_time()
+                run(inputs[(key, batch)])
+                split.on = False
+                wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+                parts.append({"wall": dict(split.wall, total=wall), "cpu": dict(split.cpu, total=cpu)})
+            print(json.dumps({"parts": parts}), flush=True)
+            continue
         wall, cpu = [], []
         for _ in range(req["repeats"]):
             t0, c0 = time.perf_counter(), time.process_time()
@@ -270,6 +324,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--paths", nargs="+", default=["fast"], choices=["fast", "ref"],
                    help="our sampler paths to time: fast (deployment) and/or ref (flow.sample, all heads)")
+    p.add_argument("--split", action="store_true",
+                   help="also time where each side's chunk goes: ViT, denoising steps, the rest")
     p.add_argument("--json", help="also write the raw timings here")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -285,6 +341,7 @@ def main() -> None:
     cases = [(b, *map(int, s.split("x"))) for s in args.shapes for b in args.batches]
     times: dict = {(k, c): [] for k in kinds for c in cases}
     cpu: dict = {(k, c): [] for k in kinds for c in cases}
+    parts: dict = {(k, c): [] for k in kinds for c in cases}
     versions = {}
     start = time.time()
     try:
@@ -299,6 +356,10 @@ def main() -> None:
                     times[(k, case)] += out["wall"]
                     cpu[(k, case)] += out["cpu"]
                     versions[k] = out["torch"]
+                    if args.split:
+                        parts[(k, case)] += workers[k].ask({"dims": dims, "batch": batch, "horizon": horizon,
+                                                            "action_dim": action_dim, "steps": args.steps,
+                                                            "repeats": args.repeats, "split": True})["parts"]
             print(f"round {r + 1}/{args.rounds} done ({time.time() - start:.0f} s)", file=sys.stderr)
     finally:
         for w in workers.values():
@@ -319,9 +380,32 @@ def main() -> None:
             ours, ours_cpu = med(times, k, case), med(cpu, k, case)
             row += f" {ours:.0f} ({ours_cpu:.0f}) | {ours / theirs:.2f} ({ours_cpu / theirs_cpu:.2f}) |"
         print(row)
+    if args.split:
+        print_split(kinds, cases, parts)
     if args.json:
-        Path(args.json).write_text(json.dumps({f"{k}|{c}": {"wall": times[(k, c)], "cpu": cpu[(k, c)]}
+        Path(args.json).write_text(json.dumps({f"{k}|{c}": {"wall": times[(k, c)], "cpu": cpu[(k, c)],
+                                                            "parts": parts[(k, c)]}
                                                for (k, c) in times}, indent=1))
+
+
+def print_split(kinds: list[str], cases: list[tuple], parts: dict) -> None:
+    """Median ms per part: ViT, the K denoising steps, the rest (prefix backbone, embeddings, masks)."""
+    print("\n| batch | H | A | side | ViT wall (CPU) ms | prefix backbone and rest | K denoising steps | total |")
+    print("|---" * 8 + "|")
+    for case in cases:
+        for k in kinds:
+            rows = parts[(k, case)]
+            cell = {}
+            for clock in ("wall", "cpu"):
+                per = [{"vit": r[clock].get("vit", 0.0), "steps": r[clock].get("steps", 0.0),
+                        "total": r[clock]["total"]} for r in rows]
+                for r in per:
+                    r["rest"] = r["total"] - r["vit"] - r["steps"]
+                cell[clock] = {part: 1e3 * statistics.median(r[part] for r in per)
+                               for part in ("vit", "rest", "steps", "total")}
+            side = "LeRobot" if k == "lerobot" else f"ours {k[5:]}"
+            print(f"| {case[0]} | {case[1]} | {case[2]} | {side} |" + "".join(
+                f" {cell['wall'][part]:.0f} ({cell['cpu'][part]:.0f}) |" for part in ("vit", "rest", "steps", "total")))
 
 
 if __name__ == "__main__":

@@ -25,9 +25,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * (1.0 + self.weight.float())).to(x.dtype)
+        return F.rms_norm(x.float(), self.weight.shape, 1.0 + self.weight.float(), self.eps).to(x.dtype)
 
 
 class AdaRMSNorm(nn.Module):
@@ -47,8 +45,7 @@ class AdaRMSNorm(nn.Module):
     def forward(self, x: Tensor, cond: Tensor) -> tuple[Tensor, Tensor]:
         """``x`` ``[N, L, W]``, ``cond`` ``[N, C]`` -> (normalised x, gate ``[N, 1, W]``)."""
         scale, shift, gate = self.modulation(cond)[:, None, :].chunk(3, dim=-1)
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        y = F.rms_norm(x.float(), x.shape[-1:], None, self.eps)
         return (y * (1.0 + scale.float()) + shift.float()).to(x.dtype), gate
 
 
@@ -74,8 +71,24 @@ def rotary(x: Tensor, positions: Tensor, base: float) -> Tensor:
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     """Grouped-query attention. ``q`` ``[N, Hq, Lq, D]``, ``k``/``v`` ``[N, Hkv, Lk, D]``,
-    ``mask`` ``[N, 1, Lq, Lk]`` bool (True = may attend). Returns ``[N, Hq, Lq, D]``."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+    ``mask`` ``[N, 1, Lq or 1, Lk]`` bool (True = may attend). Returns ``[N, Hq, Lq, D]``."""
+    n, hq, lq, d = q.shape
+    hkv = k.shape[1]
+    if hq != hkv and mask.shape[2] == 1:
+        # The Hq / Hkv query heads that share a key/value head become one head of Hq / Hkv * Lq queries
+        # (a view): one larger attention per key/value head instead of several small ones, same results.
+        out = F.scaled_dot_product_attention(q.reshape(n, hkv, hq // hkv * lq, d), k, v, attn_mask=mask)
+        return out.view(n, hq, lq, d)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=hq != hkv)
+
+
+def residual(h: Tensor, out: Tensor, gate: Tensor | None = None) -> Tensor:
+    """``h + out`` (``h + out * gate`` with a gate). Without autograd the sum is written into ``out``'s
+    buffer (same values: float addition commutes), sparing a fresh activation-sized tensor."""
+    if torch.is_grad_enabled() and (h.requires_grad or out.requires_grad or
+                                     (gate is not None and gate.requires_grad)):
+        return h + (out if gate is None else out * gate)
+    return (out if gate is None else out.mul_(gate)).add_(h)
 
 
 class GatedMLP(nn.Module):
@@ -88,7 +101,12 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(hidden, width, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
+            return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+        # Without autograd the gate's buffer takes the activation and the product (same values): the two
+        # largest intermediate tensors of the layer are not allocated again.
+        return self.down_proj(torch.ops.aten.gelu_(gate, approximate="tanh").mul_(up))
 
 
 class StreamLayer(nn.Module):
@@ -141,11 +159,9 @@ class StreamLayer(nn.Module):
     def finish(self, h: Tensor, attn: Tensor, attn_gate: Tensor | None, cond: Tensor | None = None) -> Tensor:
         """Residual update of ``h`` given this stream's attention output ``attn`` ``[N, Hq, L, D]``."""
         n, _, length, _ = attn.shape
-        out = self.o_proj(attn.transpose(1, 2).reshape(n, length, -1))
-        h = h + (out if attn_gate is None else out * attn_gate)
+        h = residual(h, self.o_proj(attn.transpose(1, 2).reshape(n, length, -1)), attn_gate)
         x, mlp_gate = self._norm(self.post_attention_norm, h, cond)
-        out = self.mlp(x)
-        return h + (out if mlp_gate is None else out * mlp_gate)
+        return residual(h, self.mlp(x), mlp_gate)
 
 
 class ViTBlock(nn.Module):
@@ -163,8 +179,11 @@ class ViTBlock(nn.Module):
         n, length, w = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(n, length, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
         a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, length, w)
-        x = x + self.proj(a)
-        return x + self.fc2(F.gelu(self.fc1(self.norm2(x)), approximate="tanh"))
+        x = residual(x, self.proj(a))
+        hidden = self.fc1(self.norm2(x))
+        if torch.is_grad_enabled() and hidden.requires_grad:
+            return x + self.fc2(F.gelu(hidden, approximate="tanh"))
+        return residual(x, self.fc2(torch.ops.aten.gelu_(hidden, approximate="tanh")))
 
 
 def sincos_time_embedding(t: Tensor, dim: int, min_period: float = 4e-3, max_period: float = 4.0,
