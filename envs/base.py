@@ -90,24 +90,29 @@ def check_action_chunk(chunk: Tensor, spec: EnvSpec, *, max_horizon: int | None 
 
 
 class EpisodeTracker:
-    """Running per-env episode statistics (success_once, return, length), vectorised."""
+    """Running per-env episode statistics (success_once, return, length), vectorised.
+
+    ``rows`` (a range of env indices, default all): the arguments are those envs' rows only, for an env
+    that steps its envs in groups."""
 
     def __init__(self, num_envs: int, device):
         self.ret = torch.zeros(num_envs, device=device)
         self.length = torch.zeros(num_envs, dtype=torch.long, device=device)
         self.success_once = torch.zeros(num_envs, dtype=torch.bool, device=device)
 
-    def update(self, reward: Tensor, success: Tensor, active: Tensor) -> None:
-        self.ret += reward * active
-        self.length += active.long()
-        self.success_once |= success & active
+    def update(self, reward: Tensor, success: Tensor, active: Tensor, rows: range | None = None) -> None:
+        sl = slice(None) if rows is None else slice(rows.start, rows.stop)
+        self.ret[sl] += reward * active
+        self.length[sl] += active.long()
+        self.success_once[sl] |= success & active
 
-    def finish(self, ended: Tensor, success_at_end: Tensor) -> dict[str, Tensor]:
-        idx = ended.nonzero(as_tuple=True)[0]
+    def finish(self, ended: Tensor, success_at_end: Tensor, rows: range | None = None) -> dict[str, Tensor]:
+        local = ended.nonzero(as_tuple=True)[0]
+        idx = local if rows is None else local + rows.start
         out = {
             "env_index": idx,
             "success_once": self.success_once[idx].clone(),
-            "success_at_end": success_at_end[idx].clone(),
+            "success_at_end": success_at_end[local].clone(),
             "return": self.ret[idx].clone(),
             "length": self.length[idx].clone(),
         }

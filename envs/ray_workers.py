@@ -86,6 +86,7 @@ class RayVectorEnv(WorkerPool):
         self.actor_options = actor_options or (lambda w: {"num_cpus": 1})
         self._cls = _actor_class()
         self.actors: list = [None] * self.num_workers
+        self._sent: dict[int, tuple] = {}   # worker -> (reply ref, command) of commands not yet collected
         try:
             # Create every actor before waiting for any: their imports and simulator set-up then overlap.
             for w in range(self.num_workers):
@@ -160,15 +161,17 @@ class RayVectorEnv(WorkerPool):
                 break
         return out, errors
 
-    def _call_each(self, msgs: dict[int, tuple]) -> tuple[dict[int, object], dict[int, WorkerError]]:
-        refs, kinds = {}, {}
+    def _send_each(self, msgs: dict[int, tuple]) -> dict[int, WorkerError]:
         for w, (cmd, arg) in msgs.items():
-            actor = self.actors[w]
             if cmd == "render":
                 arg = [i - self.slices[w][0] for i in arg]
-            refs[w] = getattr(actor, cmd).remote(arg)
-            kinds[w] = cmd
-        return self._gather(refs, "/".join(sorted(set(kinds.values()))),
+            self._sent[w] = (getattr(self.actors[w], cmd).remote(arg), cmd)
+        return {}   # an unreachable actor shows in its reply (RayActorError)
+
+    def _recv_each(self, workers: list[int]) -> tuple[dict[int, object], dict[int, WorkerError]]:
+        sent = {w: self._sent.pop(w) for w in workers}
+        kinds = {w: cmd for w, (_, cmd) in sent.items()}
+        return self._gather({w: ref for w, (ref, _) in sent.items()}, "/".join(sorted(set(kinds.values()))),
                             on_reply=lambda w, reply: self._land(w, kinds[w], reply))
 
     def _land(self, w: int, cmd: str, reply):

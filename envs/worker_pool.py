@@ -76,9 +76,16 @@ class WorkerPool:
     are dropped: in that step they report ``lost`` (no reward, no episode), and their observation is the first
     of the new episode. Each restart is reported through ``log``.
 
+    Stepping in groups (:meth:`step_groups`, :meth:`step_async`, :meth:`step_wait`): a caller may start a chunk on
+    one group of workers, work while they simulate (sample the next chunk of another group), and collect the
+    group's :class:`~envs.base.ChunkStep` later. Each env's results are those of :meth:`step`: every env keeps
+    its own simulator, seed and episode statistics, whatever the grouping and the timing.
+
     Subclasses implement :meth:`_start` (a worker up and its spec accepted with :meth:`_accept_spec`),
-    :meth:`_stop`, :meth:`_call_each` and :meth:`close`. Their replies carry no observation arrays: a worker's
-    observations are in ``self.arrays`` by the time its reply is returned."""
+    :meth:`_stop`, :meth:`close`, and either :meth:`_send_each` and :meth:`_recv_each` (commands in flight
+    while the caller works) or only :meth:`_call_each` (each group's step then runs when it is waited for).
+    Their replies carry no observation arrays: a worker's observations are in ``self.arrays`` by the time its
+    reply is returned."""
 
     def __init__(self, num_envs: int, slices: list[range], *, seed: int, name: str, max_restarts: int,
                  log: Callable[[str], None] | None):
@@ -94,6 +101,9 @@ class WorkerPool:
         self.spec: EnvSpec | None = None
         self.arrays: dict[str, np.ndarray] | None = None
         self.tracker = EpisodeTracker(num_envs, self.device)
+        self._deferred: dict[int, tuple] = {}          # commands of a _call_each-only transport, not yet run
+        # rows of each group with a chunk in flight -> (its workers, the chunk's length, send errors)
+        self._in_flight: dict[range, tuple[list[int], int, dict[int, WorkerError]]] = {}
 
     @property
     def num_envs(self) -> int:
@@ -118,7 +128,21 @@ class WorkerPool:
         answered and the errors of the others. Commands: ``reset`` (a seed per env; replies the instructions),
         ``step`` (actions ``[count, H, A]``; replies a :class:`ChunkReply` per env) and ``render`` (env
         indices; replies a frame each)."""
-        raise NotImplementedError
+        errors = self._send_each(msgs)
+        out, late = self._recv_each([w for w in msgs if w not in errors])
+        return out, {**errors, **late}
+
+    def _send_each(self, msgs: dict[int, tuple]) -> dict[int, WorkerError]:
+        """Send each worker its command without waiting for the reply; returns the workers that could not
+        be reached. Default (a transport with only :meth:`_call_each`): keep them for :meth:`_recv_each`."""
+        if type(self)._call_each is WorkerPool._call_each:
+            raise NotImplementedError("a worker pool implements _send_each and _recv_each, or _call_each")
+        self._deferred.update(msgs)
+        return {}
+
+    def _recv_each(self, workers: list[int]) -> tuple[dict[int, object], dict[int, WorkerError]]:
+        """The replies to the commands sent to ``workers``, and the errors of the workers that failed."""
+        return self._call_each({w: self._deferred.pop(w) for w in workers})
 
     def close(self) -> None:
         raise NotImplementedError
@@ -173,6 +197,7 @@ class WorkerPool:
         """Replace the worker that runs env ``i`` (after it died) and reset its envs; envs on other workers
         are untouched. The worker's unfinished episodes are lost; with ``seed``, its env ``j`` gets
         ``seed + j - i``. Returns the batched observation."""
+        self._check_idle("restart a worker")
         if not 0 <= i < self.num_envs:
             raise IndexError(f"env index {i} out of range for {self.num_envs} envs")
         w = self._worker_of[i]
@@ -184,15 +209,23 @@ class WorkerPool:
         return self._observe(final=False)
 
     # ------------------------------------------------------------------------------------------------
-    def _observe(self, final: bool, instructions: list[str] | None = None) -> dict:
+    def _observe(self, final: bool, instructions: list[str] | None = None, rows: range | None = None) -> dict:
+        """The observations of ``rows`` (default all; copied: other groups' workers may be writing theirs)."""
         p = "final_" if final else ""
-        return {"images": torch.from_numpy(self.arrays[p + "images"].copy()),
-                "state": torch.from_numpy(self.arrays[p + "state"].copy()),
-                "instruction": list(instructions if instructions is not None else self._instr)}
+        sl = slice(None) if rows is None else slice(rows.start, rows.stop)
+        return {"images": torch.from_numpy(self.arrays[p + "images"][sl].copy()),
+                "state": torch.from_numpy(self.arrays[p + "state"][sl].copy()),
+                "instruction": list(instructions if instructions is not None else self._instr[sl])}
+
+    def _check_idle(self, doing: str) -> None:
+        if self._in_flight:
+            busy = ", ".join(f"envs {r.start}-{r.stop - 1}" for r in self._in_flight)
+            raise RuntimeError(f"cannot {doing} while chunks are in flight ({busy}): step_wait for them first")
 
     def reset(self, seed: int | None = None, *, group_size: int = 1) -> dict:
         """Reset every env; env ``i`` gets seed ``seed + i // group_size`` (default seed: the
         constructor's), so ``group_size`` g > 1 makes groups of g envs start from the same state."""
+        self._check_idle("reset")
         base = self.seed if seed is None else seed
         self._seeds = [base + i // group_size for i in range(self.num_envs)]
         replies, errors = self._call_each({w: ("reset", [self._seeds[i] for i in sl])
@@ -205,21 +238,58 @@ class WorkerPool:
         return self._observe(final=False)
 
     def step(self, chunk: torch.Tensor) -> ChunkStep:
-        chunk = check_action_chunk(chunk, self.spec)
-        horizon = chunk.shape[1]
+        self.step_async(range(self.num_envs), chunk)
+        return self.step_wait(range(self.num_envs))
+
+    def step_groups(self, count: int) -> list[range]:
+        """The envs of ``count`` groups of whole workers (contiguous, with worker counts that differ by at most
+        one), for :meth:`step_async`."""
+        if not 1 <= count <= self.num_workers:
+            raise ValueError(f"{count} groups of {self.name} workers: need 1 to {self.num_workers} "
+                             f"(one worker or more per group; this pool has {self.num_workers} worker(s))")
+        return [range(self.slices[ws[0]][0], self.slices[ws[-1]][-1] + 1)
+                for ws in split_evenly(self.num_workers, count)]
+
+    def _workers_of(self, rows: range) -> list[int]:
+        if not isinstance(rows, range) or rows.step != 1 or not 0 <= rows.start < rows.stop <= self.num_envs:
+            raise ValueError(f"rows must be a range of env indices within [0, {self.num_envs}), got {rows!r}")
+        workers = sorted({self._worker_of[i] for i in rows})
+        if self.slices[workers[0]][0] != rows.start or self.slices[workers[-1]][-1] != rows.stop - 1:
+            raise ValueError(f"rows {rows.start}-{rows.stop - 1} split a worker's envs; the workers run "
+                             f"{[(sl[0], sl[-1]) for sl in self.slices]} (use step_groups())")
+        return workers
+
+    def step_async(self, rows: range, chunk: torch.Tensor) -> None:
+        """Start the chunk ``[len(rows), H, A]`` on the envs ``rows`` (whole workers: see :meth:`step_groups`) and
+        return without waiting; :meth:`step_wait` ``(rows)`` collects it."""
+        workers = self._workers_of(rows)
+        if any(set(rows) & set(r) for r in self._in_flight):
+            raise RuntimeError(f"envs {rows.start}-{rows.stop - 1} already have a chunk in flight: step_wait first")
+        chunk = check_action_chunk(chunk, replace(self.spec, num_envs=len(rows)))
         actions = chunk.numpy()
-        replies, errors = self._call_each({w: ("step", actions[sl[0]:sl[-1] + 1])
-                                           for w, sl in enumerate(self.slices)})
-        lost = torch.zeros(self.num_envs, dtype=torch.bool)
+        errors = self._send_each({w: ("step", actions[self.slices[w][0] - rows.start:
+                                                       self.slices[w][-1] + 1 - rows.start]) for w in workers})
+        self._in_flight[rows] = (workers, chunk.shape[1], errors)
+
+    def step_wait(self, rows: range) -> ChunkStep:
+        """Wait for the chunk started on ``rows``; returns its :class:`ChunkStep` (``len(rows)`` rows; the
+        episodes' ``env_index`` counts in the whole pool)."""
+        if rows not in self._in_flight:
+            raise RuntimeError(f"no chunk in flight on envs {rows.start}-{rows.stop - 1} (step_async first)")
+        workers, horizon, errors = self._in_flight.pop(rows)
+        replies, late = self._recv_each([w for w in workers if w not in errors])
+        errors = {**errors, **late}
+        n, lo = len(rows), rows.start
+        lost = torch.zeros(n, dtype=torch.bool)
         if errors:
             self._replace_failed(errors, "a step")
             for w in errors:   # a fresh episode, reported like a chunk that ran no step
                 sl = self.slices[w]
-                lost[sl[0]:sl[-1] + 1] = True
+                lost[sl[0] - lo:sl[-1] + 1 - lo] = True
                 replies[w] = [ChunkReply(np.zeros(horizon, np.float32), np.zeros(horizon, bool), 0, False, False,
                                          False, self._instr[j], None) for j in sl]
-            self.tracker.finish(lost, torch.zeros_like(lost))   # their unfinished episodes are dropped
-        results: list[ChunkReply] = [r for w in range(self.num_workers) for r in replies[w]]
+            self.tracker.finish(lost, torch.zeros_like(lost), rows)   # their unfinished episodes are dropped
+        results: list[ChunkReply] = [r for w in workers for r in replies[w]]
         rewards = torch.from_numpy(np.stack([r.rewards for r in results]))
         succ_h = torch.from_numpy(np.stack([r.successes for r in results]))
         steps = torch.tensor([r.steps for r in results])
@@ -227,21 +297,22 @@ class WorkerPool:
         truncated = torch.tensor([r.truncated for r in results])
         success = torch.tensor([r.success for r in results])
         for h in range(horizon):
-            self.tracker.update(rewards[:, h], succ_h[:, h], h < steps)
+            self.tracker.update(rewards[:, h], succ_h[:, h], h < steps, rows)
         done = terminated | truncated
         final_obs, episodes = None, {}
         if bool(done.any()):
-            final_instr = [r.final_instruction if r.final_instruction is not None else self._instr[i]
+            final_instr = [r.final_instruction if r.final_instruction is not None else self._instr[lo + i]
                            for i, r in enumerate(results)]
-            final_obs = self._observe(final=True, instructions=final_instr)
-            episodes = self.tracker.finish(done, success)
-        self._instr = [r.instruction for r in results]
-        return ChunkStep(obs=self._observe(final=False), rewards=rewards, terminated=terminated,
+            final_obs = self._observe(final=True, instructions=final_instr, rows=rows)
+            episodes = self.tracker.finish(done, success, rows)
+        self._instr[lo:lo + n] = [r.instruction for r in results]
+        return ChunkStep(obs=self._observe(final=False, rows=rows), rewards=rewards, terminated=terminated,
                          truncated=truncated, success=success, steps=steps, final_obs=final_obs,
                          episodes=episodes, lost=lost if errors else None)
 
     def render_frames(self, indices: list[int] | None = None) -> list[np.ndarray]:
         """One RGB frame ``[H, W, 3]`` per requested env (for videos), in the order asked."""
+        self._check_idle("render")
         indices = list(range(self.num_envs)) if indices is None else list(indices)
         for i in indices:
             if not 0 <= i < self.num_envs:

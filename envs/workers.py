@@ -199,16 +199,18 @@ class WorkerVectorEnv(WorkerPool):
             raise WorkerError(first, f"{self.name} worker {w} ({self._envs_text(w)}) died: "
                                      f"{_exit_cause(self._procs[w].exitcode)}") from None
 
-    def _call_each(self, msgs: dict[int, tuple]) -> tuple[dict[int, object], dict[int, WorkerError]]:
-        sent, errors = [], {}
+    def _send_each(self, msgs: dict[int, tuple]) -> dict[int, WorkerError]:
+        errors = {}
         for w, msg in msgs.items():
             try:
                 self._send(w, msg)
-                sent.append(w)
             except WorkerError as e:
                 errors[w] = e
-        out = {}
-        for w in sent:
+        return errors
+
+    def _recv_each(self, workers: list[int]) -> tuple[dict[int, object], dict[int, WorkerError]]:
+        out, errors = {}, {}
+        for w in workers:
             try:
                 out[w] = self._recv(w)[1]
             except WorkerError as e:

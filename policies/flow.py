@@ -191,17 +191,21 @@ def sample(
     noise_level: float = 0.5,
     sde_mode: SDEMode = "mixed",
     stochastic: Tensor | None = None,
+    step_noise: Tensor | None = None,
     generator: torch.Generator | None = None,
 ) -> FlowSample:
     """Denoise ``noise`` ``[N, H, A]`` (the t=1 sample) into an action chunk in ``num_steps`` steps.
 
     ``stochastic`` ``[N, K]`` overrides which steps are Gaussian (default: by method / sde_mode).
-    ``generator`` (on the same device as ``noise``) makes the step noise and the mixed step choice
-    reproducible.
+    ``step_noise`` ``[K, N, H, A]``: the standard normal draw of each step (default: drawn here, one
+    ``[N, H, A]`` draw per step). ``generator`` (on the same device as ``noise``) makes the step noise and
+    the mixed step choice reproducible. :func:`draw_sample_noise` draws all three as this function would.
     """
     _check_method(method, sde_mode, noise_level)
     _check_chunk("noise", noise)
     n, device = noise.shape[0], noise.device
+    if step_noise is not None and step_noise.shape != (num_steps, *noise.shape):
+        raise ValueError(f"step_noise must have shape {(num_steps, *noise.shape)}, got {tuple(step_noise.shape)}")
     grid = time_grid(num_steps, device=device)
     t_guard = float(grid[1]) if num_steps > 1 else 0.5
     if stochastic is None:
@@ -216,7 +220,7 @@ def sample(
         dt = (grid[k] - grid[k + 1]).expand(n)
         v, std_head = _eval_field(field, x, t, need_std=(method == "noise"))
         mean, std = _step(method, x, v, std_head, t, dt, stochastic[:, k], noise_level, t_guard)
-        eps = torch.randn(x.shape, generator=generator, device=device)
+        eps = torch.randn(x.shape, generator=generator, device=device) if step_noise is None else step_noise[k]
         x_next = mean + std * eps
         lp, ent = _masked_log_prob(x_next, mean, std, stochastic[:, k])
         chain.append(x_next)
@@ -231,6 +235,36 @@ def sample(
         init_log_prob=gaussian_log_prob(noise.float(), torch.zeros_like(x), torch.ones_like(x)),
         entropy=torch.stack(entropy, dim=1),
     )
+
+
+@dataclass(frozen=True)
+class SampleNoise:
+    """Every random draw of :func:`sample` for ``N`` chunks, drawn ahead: the initial noise ``[N, H, A]``,
+    which steps are stochastic ``[N, K]`` and the step noise ``[K, N, H, A]``. Row ``i`` is chunk ``i``'s,
+    so a batch sampled in parts (:meth:`rows`) gets the draws it would get sampled whole."""
+
+    initial: Tensor
+    stochastic: Tensor
+    steps: Tensor
+
+    def rows(self, index: slice | range) -> SampleNoise:
+        """The draws of the chunks ``index`` (contiguous)."""
+        sl = slice(index.start, index.stop) if isinstance(index, range) else index
+        return SampleNoise(self.initial[sl], self.stochastic[sl], self.steps[:, sl])
+
+
+def draw_sample_noise(
+    batch: int, horizon: int, action_dim: int, *, num_steps: int, method: Method = "ode",
+    sde_mode: SDEMode = "mixed", generator: torch.Generator | None = None, device=None,
+) -> SampleNoise:
+    """The draws of ``randn(batch, horizon, action_dim)`` initial noise followed by ``sample(...)`` with this
+    ``generator``, in the same order: passed to :func:`sample` (``noise``, ``stochastic``, ``step_noise``)
+    they give its result bit for bit."""
+    shape = (batch, horizon, action_dim)
+    initial = torch.randn(shape, generator=generator, device=device)
+    stochastic = stochastic_steps(method, num_steps, batch, sde_mode=sde_mode, generator=generator, device=device)
+    steps = torch.stack([torch.randn(shape, generator=generator, device=device) for _ in range(num_steps)])
+    return SampleNoise(initial, stochastic, steps)
 
 
 def denoise(field: Field, noise: Tensor, *, num_steps: int) -> Tensor:

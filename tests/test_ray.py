@@ -12,11 +12,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 ray = pytest.importorskip("ray")
+
+from inline_pool import InProcessPool  # noqa: E402
 
 from vla_rl.checkpoint import read_tensors, save_policy  # noqa: E402
 from vla_rl.config import from_dict  # noqa: E402
@@ -24,45 +25,13 @@ from vla_rl.distributed.config import RayConfig  # noqa: E402
 from vla_rl.distributed.runtime import connect  # noqa: E402
 from vla_rl.env_factory import single_env_factory  # noqa: E402
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachSingleEnv  # noqa: E402
-from vla_rl.envs.env_group import EnvGroup, land_reset, land_step, obs_layout  # noqa: E402
 from vla_rl.envs.ray_workers import RayVectorEnv  # noqa: E402
-from vla_rl.envs.worker_pool import WorkerPool, worker_slices  # noqa: E402
 from vla_rl.rl.trainer import TrainConfig, Trainer, TrainingError, resume_trainer  # noqa: E402
 
 SMALL = {"depth": 1, "vision": {"depth": 1}, "prefix": {"width": 32, "mlp_dim": 64},
          "expert": {"width": 32, "mlp_dim": 64}, "value_hidden": 32}
 ROOT = Path(__file__).resolve().parent.parent
 QUIET = lambda *_: None  # noqa: E731
-
-
-class InProcessPool(WorkerPool):
-    """The same single envs in this process, in blocks (a pool without processes or actors): the local
-    reference that env actors must match."""
-
-    def __init__(self, factory, num_envs: int, *, seed: int = 0, envs_per_worker: int = 4):
-        super().__init__(num_envs, worker_slices(num_envs, envs_per_worker), seed=seed, name="inline",
-                         max_restarts=0, log=None)
-        self.groups = [EnvGroup(factory, len(sl)) for sl in self.slices]
-        for w, group in enumerate(self.groups):
-            if self._accept_spec(w, group.spec):
-                layout = obs_layout(num_envs, self.spec)
-                self.arrays = {k: np.zeros(shape, dtype) for k, (shape, dtype) in layout.items()}
-
-    def _call_each(self, msgs):
-        out = {}
-        for w, (cmd, arg) in msgs.items():
-            group, first = self.groups[w], self.slices[w][0]
-            if cmd == "reset":
-                out[w] = land_reset(self.arrays, first, group.reset(arg))
-            elif cmd == "step":
-                out[w] = land_step(self.arrays, first, group.step(arg))
-            else:
-                out[w] = group.render([i - first for i in arg])
-        return out, {}
-
-    def close(self):
-        for group in self.groups:
-            group.close()
 
 
 @pytest.fixture(scope="module")
@@ -310,6 +279,31 @@ def test_env_actor_pool_equals_the_same_envs_in_process(cluster):
                 assert all(torch.equal(x.episodes[k], y.episodes[k]) for k in x.episodes)
         assert ended > 0
         assert all((f == g).all() for f, g in zip(actors.render_frames([4, 0]), procs.render_frames([4, 0])))
+    finally:
+        actors.close()
+        procs.close()
+
+
+def test_env_actors_step_in_groups_like_one_batch(cluster):
+    """Two groups of actors with chunks in flight at once (what rollout_groups=2 does) give each env the
+    results of stepping the whole batch."""
+    factory = functools.partial(ColorReachSingleEnv, ColorReachConfig(max_episode_steps=6))
+    actors = RayVectorEnv(factory, 4, num_actors=2, actor_options=lambda w: {"num_cpus": 0.5}, timeout=120)
+    procs = InProcessPool(factory, 4, envs_per_worker=2)
+    try:
+        groups = actors.step_groups(2)
+        assert groups == [range(0, 2), range(2, 4)]
+        actors.reset(seed=3), procs.reset(seed=3)
+        gen = torch.Generator().manual_seed(0)
+        for _ in range(3):
+            chunk = torch.rand(4, 4, 2, generator=gen) * 2 - 1
+            for r in groups:
+                actors.step_async(r, chunk[r.start:r.stop])
+            parts = [actors.step_wait(r) for r in groups]
+            want = procs.step(chunk)
+            for key in ("rewards", "steps", "terminated", "success"):
+                assert torch.equal(torch.cat([getattr(p, key) for p in parts]), getattr(want, key)), key
+            assert torch.equal(torch.cat([p.obs["state"] for p in parts]), want.obs["state"])
     finally:
         actors.close()
         procs.close()

@@ -108,15 +108,26 @@ class Actor:
         return self.model.encode_prefix(self.model_obs(obs))
 
     def act(self, obs: dict, sampler: SamplerConfig, *, generator: torch.Generator | None = None,
-            prefix: Prefix | None = None) -> Act:
+            prefix: Prefix | None = None, draws: flow.SampleNoise | None = None) -> Act:
+        """Sample a chunk per env. ``draws`` (from :meth:`draw`): the random draws to use instead of drawing
+        them from ``generator`` (same numbers: :meth:`draw` with that generator)."""
         prefix = prefix if prefix is not None else self.encode(obs)
-        cfg = self.model.cfg
-        noise = torch.randn(prefix.batch_size, cfg.action_horizon, cfg.action_dim, generator=generator,
-                            device=self.model.device)
-        sample = flow.sample(self.model.field(prefix), noise, num_steps=sampler.num_steps,
+        if draws is None:
+            draws = self.draw(prefix.batch_size, sampler, generator=generator)
+        elif draws.initial.shape[0] != prefix.batch_size:
+            raise ValueError(f"draws are for {draws.initial.shape[0]} chunks, the batch has {prefix.batch_size}")
+        sample = flow.sample(self.model.field(prefix), draws.initial, num_steps=sampler.num_steps,
                              method=sampler.method, noise_level=sampler.noise_level,
-                             sde_mode=sampler.sde_mode, generator=generator)
+                             sde_mode=sampler.sde_mode, stochastic=draws.stochastic, step_noise=draws.steps)
         return Act(actions=self.env_actions(sample.actions), sample=sample, prefix=prefix)
+
+    def draw(self, batch: int, sampler: SamplerConfig, *, generator: torch.Generator | None = None
+             ) -> flow.SampleNoise:
+        """Every random draw of sampling ``batch`` chunks with ``sampler`` (:func:`flow.draw_sample_noise`)."""
+        cfg = self.model.cfg
+        return flow.draw_sample_noise(batch, cfg.action_horizon, cfg.action_dim, num_steps=sampler.num_steps,
+                                      method=sampler.method, sde_mode=sampler.sde_mode, generator=generator,
+                                      device=self.model.device)
 
     def chunk(self, obs: dict, sampler: SamplerConfig, *, generator: torch.Generator | None = None) -> Tensor:
         """Env-unit actions ``[N, H, a]`` alone (evaluation, deployment). The ODE sampler takes the

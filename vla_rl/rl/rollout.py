@@ -72,76 +72,131 @@ def _model_inputs(actor: Actor, obs: dict) -> dict[str, Tensor]:
 
 
 def collect_rollout(actor: Actor, env, obs: dict, *, num_chunks: int, sampler: SamplerConfig, execute: int,
-                    generator: torch.Generator | None = None) -> tuple[Rollout, dict]:
+                    generator: torch.Generator | None = None, groups: int = 1) -> tuple[Rollout, dict]:
     """Run ``num_chunks`` chunk steps from ``obs``; returns the rollout and the next observation.
+
+    ``groups`` > 1 (an env with ``step_groups``: worker processes or Ray env actors) overlaps sampling with
+    simulation: the envs are split into that many groups of whole workers, stepped in alternation, and the
+    policy samples one group's next chunk while the other groups' workers simulate theirs. Each env gets the
+    random draws it gets with ``groups=1`` (drawn for the whole batch, chunk by chunk), and its simulator,
+    seed and episodes are its own, so the rollout is the one of ``groups=1`` up to the float rounding of the
+    model evaluated on smaller batches; its layout (``[T, N]``, env order, episodes in the order they ended)
+    is the same.
 
     Sampling runs in inference mode (no graphs); the stored tensors are cloned out of it at the end so
     that the learner may use them as inputs of differentiable computations.
     """
     with torch.inference_mode():
         rollout, obs = _collect(actor, env, obs, num_chunks=num_chunks, sampler=sampler, execute=execute,
-                                generator=generator)
+                                generator=generator, groups=groups)
     plain = lambda x: x.clone() if torch.is_tensor(x) else x  # noqa: E731
     rollout = Rollout(**{k: ({kk: plain(vv) for kk, vv in v.items()} if k == "obs" else plain(v))
                          for k, v in vars(rollout).items()})
     return rollout, obs
 
 
+def step_groups(env, groups: int) -> list[range]:
+    """The env rows of each of ``groups`` groups stepped in alternation (one group: all envs)."""
+    if groups == 1:
+        return [range(env.num_envs)]
+    if not hasattr(env, "step_groups"):
+        raise ValueError(f"{groups} rollout groups need an env that steps its envs in groups (worker processes or "
+                         f"Ray env actors); {type(env).__name__} steps all its envs as one batch")
+    return env.step_groups(groups)
+
+
+def _take_rows(obs: dict, rows: range) -> dict:
+    return {k: v[rows.start:rows.stop] if torch.is_tensor(v) or isinstance(v, list) else v for k, v in obs.items()}
+
+
+def _join_rows(parts: list[dict]) -> dict:
+    if len(parts) == 1:
+        return parts[0]
+    return {k: torch.cat([p[k] for p in parts]) if torch.is_tensor(v) else
+            [x for p in parts for x in p[k]] if isinstance(v, list) else v for k, v in parts[0].items()}
+
+
+_STORED = ("chain", "stochastic", "log_probs", "entropy", "values", "rewards", "terminated", "truncated", "success",
+           "final_values")
+_INPUTS = ("images", "state", "tokens", "token_mask")
+
+
 def _collect(actor: Actor, env, obs: dict, *, num_chunks: int, sampler: SamplerConfig, execute: int,
-             generator: torch.Generator | None) -> tuple[Rollout, dict]:
+             generator: torch.Generator | None, groups: int) -> tuple[Rollout, dict]:
     model, dim_mask = actor.model, actor.dim_mask
-    store: dict[str, list] = {k: [] for k in ("chain", "stochastic", "log_probs", "entropy", "values",
-                                              "rewards", "terminated", "truncated", "success", "final_values")}
-    obs_store: dict[str, list] = {k: [] for k in ("images", "state", "tokens", "token_mask")}
+    n, device = env.num_envs, model.device
+    rows = step_groups(env, groups)
+    parts: list[list[dict]] = [[{} for _ in rows] for _ in range(num_chunks)]   # [t][g]: group g's chunk t
+    group_obs = [obs] if len(rows) == 1 else [_take_rows(obs, r) for r in rows]
+    stepped: dict[int, object] = {}    # one group: the ChunkStep of its chunk in flight (the env steps at once)
     episodes: dict[str, list] = {}
     env_steps = 0
-    valid: list[Tensor] = []                       # per chunk [N]
-    episode_start = torch.zeros(env.num_envs, dtype=torch.long)   # chunk at which each env's episode began
+    valid = [torch.ones(n, dtype=torch.bool, device=device) for _ in range(num_chunks)]
+    episode_start = torch.zeros(n, dtype=torch.long)   # chunk at which each env's episode began
     lost_episodes = 0
-    for t in range(num_chunks):
-        inputs = _model_inputs(actor, obs)
+
+    def start(t: int, g: int, draws) -> None:
+        """Sample group g's chunk t and start it on the env."""
+        inputs = _model_inputs(actor, group_obs[g])
         prefix = model.encode_prefix(inputs)
-        act = actor.act(obs, sampler, generator=generator, prefix=prefix)
-        value = model.value(prefix)
-        out = env.step(act.actions[:, :execute])
+        act = actor.act(group_obs[g], sampler, prefix=prefix, draws=draws.rows(rows[g]))
+        s = act.sample
+        parts[t][g].update(inputs=inputs, chain=s.chain, stochastic=s.stochastic, log_probs=s.log_probs,
+                           entropy=flow.aggregate(s.entropy, s.stochastic, steps="mean", actions="mean",
+                                                  dims="mean", executed=execute, dim_mask=dim_mask),
+                           values=model.value(prefix))
+        if len(rows) == 1:
+            stepped[g] = env.step(act.actions[:, :execute])
+        else:
+            env.step_async(rows[g], act.actions[:, :execute])
+
+    def finish(t: int, g: int) -> None:
+        """Take group g's chunk t from the env and record what it did."""
+        nonlocal env_steps, lost_episodes
+        out = stepped.pop(g) if len(rows) == 1 else env.step_wait(rows[g])
+        rec, lo = parts[t][g], rows[g].start
         env_steps += int(out.steps.sum())
-        final_values = torch.zeros_like(value)
+        final_values = torch.zeros_like(rec["values"])
         if out.final_obs is not None and bool(out.truncated.any()):
-            trunc = out.truncated.to(value.device)
+            trunc = out.truncated.to(device)
             v_final = model.value(model.encode_prefix(_model_inputs(actor, out.final_obs)))
             final_values = torch.where(trunc, v_final, final_values)
-        for k, v in inputs.items():
-            obs_store[k].append(v)
-        s = act.sample
-        store["chain"].append(s.chain)
-        store["stochastic"].append(s.stochastic)
-        store["log_probs"].append(s.log_probs)
-        store["entropy"].append(flow.aggregate(s.entropy, s.stochastic, steps="mean", actions="mean",
-                                               dims="mean", executed=execute, dim_mask=dim_mask))
-        store["values"].append(value)
-        store["rewards"].append(out.rewards.sum(dim=1).to(value.device))
-        store["terminated"].append(out.terminated.to(value.device))
-        store["truncated"].append(out.truncated.to(value.device))
-        store["success"].append(out.success.to(value.device))
-        store["final_values"].append(final_values)
+        rec.update(rewards=out.rewards.sum(dim=1).to(device), terminated=out.terminated.to(device),
+                   truncated=out.truncated.to(device), success=out.success.to(device), final_values=final_values)
         for k, v in out.episodes.items():
             episodes.setdefault(k, []).extend(v.tolist())
-        valid.append(torch.ones(env.num_envs, dtype=torch.bool, device=value.device))
         ended = out.done.cpu()
         if out.lost is not None:   # worker envs that were restarted: their episode so far is dropped
             lost = out.lost.cpu()
-            for i in lost.nonzero(as_tuple=True)[0].tolist():
+            for i in (lost.nonzero(as_tuple=True)[0] + lo).tolist():
                 lost_episodes += 1
                 for s in range(int(episode_start[i]), t + 1):
                     valid[s][i] = False
-            store["terminated"][-1] = store["terminated"][-1] | lost.to(value.device)  # no bootstrap across
+            rec["terminated"] = rec["terminated"] | lost.to(device)   # no bootstrap across
             ended = ended | lost
-        episode_start = torch.where(ended, t + 1, episode_start)
-        obs = out.obs
-    last_values = model.value(model.encode_prefix(_model_inputs(actor, obs)))
-    rollout = Rollout(obs={k: torch.stack(v) for k, v in obs_store.items()},
-                      **{k: torch.stack(v) for k, v in store.items()}, last_values=last_values,
-                      sampler=sampler, execute=execute,
-                      episodes=episodes, env_steps=env_steps,
+        span = slice(lo, rows[g].stop)
+        episode_start[span] = torch.where(ended, t + 1, episode_start[span])
+        group_obs[g] = out.obs
+
+    # Group g's chunk t is sampled once its chunk t - 1 is back, while the other groups' chunks run. The draws
+    # of chunk t are made for the whole batch before any group samples it: the order of a single batch.
+    for t in range(num_chunks):
+        draws = actor.draw(n, sampler, generator=generator)
+        for g in range(len(rows)):
+            if t > 0:
+                finish(t - 1, g)
+            start(t, g, draws)
+    last_values = []
+    for g in range(len(rows)):
+        finish(num_chunks - 1, g)
+        last_values.append(model.value(model.encode_prefix(_model_inputs(actor, group_obs[g]))))
+
+    def stack(key: str) -> Tensor:
+        return torch.stack([torch.cat([p[key] for p in chunk]) for chunk in parts])
+
+    rollout = Rollout(obs={k: torch.stack([torch.cat([p["inputs"][k] for p in chunk]) for chunk in parts])
+                           for k in _INPUTS},
+                      **{k: stack(k) for k in _STORED}, last_values=torch.cat(last_values),
+                      sampler=sampler, execute=execute, episodes=episodes, env_steps=env_steps,
                       valid=torch.stack(valid) if lost_episodes else None, lost_episodes=lost_episodes)
-    return rollout, obs
+    return rollout, _join_rows(group_obs)

@@ -44,7 +44,7 @@ from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.metrics_log import MetricsLog, summary_line
-from vla_rl.rl.rollout import collect_rollout, first_episode_mask
+from vla_rl.rl.rollout import collect_rollout, first_episode_mask, step_groups
 from vla_rl.rl.state import (  # noqa: F401  (CHECKPOINT_PREFIX, latest_checkpoint: re-exported for callers)
     CHECKPOINT_PREFIX,
     latest_checkpoint,
@@ -68,6 +68,10 @@ class TrainConfig:
     sampler: SamplerConfig = field(default_factory=lambda: SamplerConfig(num_steps=4, method="noise"))
     ppo: PPOConfig = field(default_factory=PPOConfig)
     rollout_chunks: int = ranged(4, 1)   # T chunk steps per env per iteration
+    # Worker envs (ManiSkill / LIBERO on CPU, Ray env actors): split the envs into this many groups of whole
+    # workers, stepped in alternation, so the policy samples one group's next chunk while the others simulate
+    # (the rollout is the one of 1 group up to float rounding: see collect_rollout). 1: one batch, in lockstep.
+    rollout_groups: int = ranged(1, 1)
     execute: int = ranged(8, 1)          # E actions executed of each H-action chunk
     iterations: int = nonneg(20)
     eval_every: int = ranged(5, 1)
@@ -186,6 +190,11 @@ class Trainer:
             self.env = make_env(cfg.env, num_envs=cfg.env.num_envs, device=self.device, seed=cfg.seed, log=self.log)
             self.eval_env = eval_env_for(cfg, self.env, self.device, log=self.log)
         spec = self.env.spec
+        if cfg.rollout_groups > 1:
+            try:
+                step_groups(self.env, cfg.rollout_groups)
+            except ValueError as e:
+                raise ConfigError(f"rollout_groups = {cfg.rollout_groups}: {e}") from None
         if self.resume_from is not None:   # self-contained: the checkpoint's own policy config and weights
             model, norm, _ = load_policy(self.resume_from, device=self.device)
         elif cfg.init:
@@ -359,7 +368,8 @@ class Trainer:
             obs = self.env.reset(seed=seed, group_size=cfg.ppo.group_size) if grpo else self.env.reset(seed=seed)
             gen = torch.Generator(device=self.device).manual_seed(seed)
             ro, _ = collect_rollout(self.actor, self.env, obs, num_chunks=cfg.rollout_chunks,
-                                    sampler=cfg.sampler, execute=cfg.execute, generator=gen)
+                                    sampler=cfg.sampler, execute=cfg.execute, generator=gen,
+                                    groups=cfg.rollout_groups)
             t_roll = time.perf_counter() - t0
             metrics = self.learner.update(ro, iteration=it)
             self.iteration = it + 1
