@@ -27,7 +27,8 @@ Extra columns: ``--paths`` adds our reference sampler
 the ViT (with the patch embedding and the projection to the prefix width), the K denoising steps (the
 expert passes with their velocity head) and the rest (the prefix backbone, embeddings, masks and Euler
 updates), found by timing the methods that do them (ours: ``_embed_images``, ``sampling_velocity``;
-LeRobot: ``embed_image``, ``denoise_step``).
+LeRobot: ``embed_image``, ``denoise_step``), with the matrix-product GFLOP of each part, counted over one more
+call (linear layers, convolutions, attention; elementwise work is not counted).
 
 The LeRobot compatibility shim (in the worker below; the installed packages are not modified):
 - LeRobot checks for its patched transformers (``transformers.models.siglip.check``); stock transformers
@@ -198,10 +199,11 @@ def _ours_runner(dims: dict, horizon: int, action_dim: int, steps: int, path: st
 
 
 class _Split:
-    """Wall and CPU seconds spent inside a few named methods, accumulated while ``on``."""
+    """Wall and CPU seconds (and, while a :func:`_flop_mode` counts, matrix-product FLOPs) spent inside a few
+    named methods, accumulated while ``on``."""
 
     def __init__(self):
-        self.on, self.wall, self.cpu = False, {}, {}
+        self.on, self.wall, self.cpu, self.flops, self.counter = False, {}, {}, {}, None
 
     def wrap(self, owner, name: str, part: str) -> None:
         inner = getattr(owner, name)
@@ -210,13 +212,45 @@ class _Split:
             if not self.on:
                 return inner(*args, **kwargs)
             t0, c0 = time.perf_counter(), time.process_time()
+            f0 = self.counter.total if self.counter is not None else 0
             try:
                 return inner(*args, **kwargs)
             finally:
                 self.wall[part] = self.wall.get(part, 0.0) + time.perf_counter() - t0
                 self.cpu[part] = self.cpu.get(part, 0.0) + time.process_time() - c0
+                if self.counter is not None:
+                    self.flops[part] = self.flops.get(part, 0) + self.counter.total - f0
 
         setattr(owner, name, timed)
+
+
+def _flop_mode():
+    """A dispatch mode that counts the FLOPs of matrix products (linear / mm / bmm, convolutions and the
+    fused CPU attention, 2 per multiply-add), which torch's FlopCounterMode leaves out for CPU attention."""
+    import math
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        total = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = func.overloadpacket.__name__
+            if name in ("mm", "bmm", "matmul"):
+                self.total += 2 * out.numel() * args[0].shape[-1]
+            elif name in ("addmm", "baddbmm"):
+                self.total += 2 * out.numel() * args[1].shape[-1]
+            elif name == "linear":
+                self.total += 2 * out.numel() * args[0].shape[-1]
+            elif "conv" in name:   # conv2d, convolution, mkldnn_convolution: whichever level dispatch shows
+                self.total += 2 * out.numel() * math.prod(args[1].shape[1:])
+            elif "scaled_dot_product" in name:
+                q, k = args[0], args[1]
+                self.total += 4 * q.numel() * k.shape[-2]   # Q K^T and P V
+            return out
+
+    return Count()
 
 
 def _split_parts(kind: str) -> _Split:
@@ -263,7 +297,12 @@ def worker(kind: str, threads: int) -> None:
                 split.on = False
                 wall, cpu = time.perf_counter() - t0, time.process_time() - c0
                 parts.append({"wall": dict(split.wall, total=wall), "cpu": dict(split.cpu, total=cpu)})
-            print(json.dumps({"parts": parts}), flush=True)
+            split.counter, split.flops, split.on = _flop_mode(), {}, True
+            with split.counter:
+                run(inputs[(key, batch)])
+            flops = dict(split.flops, total=split.counter.total)
+            split.counter, split.on = None, False
+            print(json.dumps({"parts": parts, "flops": flops}), flush=True)
             continue
         wall, cpu = [], []
         for _ in range(req["repeats"]):
@@ -342,6 +381,7 @@ def main() -> None:
     times: dict = {(k, c): [] for k in kinds for c in cases}
     cpu: dict = {(k, c): [] for k in kinds for c in cases}
     parts: dict = {(k, c): [] for k in kinds for c in cases}
+    flops: dict = {}
     versions = {}
     start = time.time()
     try:
@@ -357,9 +397,11 @@ def main() -> None:
                     cpu[(k, case)] += out["cpu"]
                     versions[k] = out["torch"]
                     if args.split:
-                        parts[(k, case)] += workers[k].ask({"dims": dims, "batch": batch, "horizon": horizon,
-                                                            "action_dim": action_dim, "steps": args.steps,
-                                                            "repeats": args.repeats, "split": True})["parts"]
+                        out = workers[k].ask({"dims": dims, "batch": batch, "horizon": horizon,
+                                              "action_dim": action_dim, "steps": args.steps,
+                                              "repeats": args.repeats, "split": True})
+                        parts[(k, case)] += out["parts"]
+                        flops[(k, case)] = out["flops"]
             print(f"round {r + 1}/{args.rounds} done ({time.time() - start:.0f} s)", file=sys.stderr)
     finally:
         for w in workers.values():
@@ -381,31 +423,35 @@ def main() -> None:
             row += f" {ours:.0f} ({ours_cpu:.0f}) | {ours / theirs:.2f} ({ours_cpu / theirs_cpu:.2f}) |"
         print(row)
     if args.split:
-        print_split(kinds, cases, parts)
+        print_split(kinds, cases, parts, flops)
     if args.json:
         Path(args.json).write_text(json.dumps({f"{k}|{c}": {"wall": times[(k, c)], "cpu": cpu[(k, c)],
-                                                            "parts": parts[(k, c)]}
+                                                            "parts": parts[(k, c)],
+                                                            "flops": flops.get((k, c))}
                                                for (k, c) in times}, indent=1))
 
 
-def print_split(kinds: list[str], cases: list[tuple], parts: dict) -> None:
-    """Median ms per part: ViT, the K denoising steps, the rest (prefix backbone, embeddings, masks)."""
-    print("\n| batch | H | A | side | ViT wall (CPU) ms | prefix backbone and rest | K denoising steps | total |")
+def print_split(kinds: list[str], cases: list[tuple], parts: dict, flops: dict) -> None:
+    """Per part (ViT, the rest, the K denoising steps): median wall ms (CPU ms) and matrix-product GFLOP."""
+    names = ("vit", "rest", "steps", "total")
+    print("\n| batch | H | A | side | ViT: wall (CPU) ms, GFLOP | prefix backbone and rest | K denoising steps |"
+          " total |")
     print("|---" * 8 + "|")
     for case in cases:
         for k in kinds:
-            rows = parts[(k, case)]
             cell = {}
             for clock in ("wall", "cpu"):
                 per = [{"vit": r[clock].get("vit", 0.0), "steps": r[clock].get("steps", 0.0),
-                        "total": r[clock]["total"]} for r in rows]
+                        "total": r[clock]["total"]} for r in parts[(k, case)]]
                 for r in per:
                     r["rest"] = r["total"] - r["vit"] - r["steps"]
-                cell[clock] = {part: 1e3 * statistics.median(r[part] for r in per)
-                               for part in ("vit", "rest", "steps", "total")}
+                cell[clock] = {part: 1e3 * statistics.median(r[part] for r in per) for part in names}
+            f = dict(flops[(k, case)])
+            f["rest"] = f["total"] - f.get("vit", 0) - f.get("steps", 0)
             side = "LeRobot" if k == "lerobot" else f"ours {k[5:]}"
             print(f"| {case[0]} | {case[1]} | {case[2]} | {side} |" + "".join(
-                f" {cell['wall'][part]:.0f} ({cell['cpu'][part]:.0f}) |" for part in ("vit", "rest", "steps", "total")))
+                f" {cell['wall'][part]:.0f} ({cell['cpu'][part]:.0f}), {f.get(part, 0) / 1e9:.2f} |"
+                for part in names))
 
 
 if __name__ == "__main__":
