@@ -21,7 +21,6 @@ Glossary: N batch, H actions per chunk, A action dims, K denoising steps, P pref
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -30,29 +29,11 @@ from torch import Tensor
 from . import flow
 from .layers import RMSNorm
 from .model import ExpertContext, FlowPolicy, Prefix
-from .ranges import check_ranges, ranged
 
 WeightDtype = Literal["fp32", "bf16"]
 CompileMode = Literal["none", "compile", "cudagraph"]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 COMPILE_MODES = ("none", "compile", "cudagraph")
-
-
-@dataclass(frozen=True)
-class InferenceConfig:
-    """Weight precision and denoising-loop execution for sampling without gradients (see the module doc)."""
-
-    dtype: WeightDtype = "fp32"
-    compile: CompileMode = "none"
-    # Distinct (batch, prefix length, dtype) shapes a Denoiser compiles or captures; beyond: eager.
-    max_graphs: int = ranged(4, 1, 64)
-
-    def __post_init__(self):
-        check_ranges(self)
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
-        if self.compile not in COMPILE_MODES:
-            raise ValueError(f"compile must be one of {list(COMPILE_MODES)}, got {self.compile!r}")
 
 
 def cast_weights(model: FlowPolicy, dtype: WeightDtype) -> FlowPolicy:
@@ -143,15 +124,13 @@ class Denoiser:
     def __init__(self, model: FlowPolicy, mode: CompileMode = "none", *, max_graphs: int = 4):
         if mode not in COMPILE_MODES:
             raise ValueError(f"compile must be one of {list(COMPILE_MODES)}, got {mode!r}")
+        if max_graphs < 1:
+            raise ValueError(f"max_graphs must be >= 1, got {max_graphs}")
         self.model, self.mode, self.max_graphs = model, mode, max_graphs
         self._graphs: dict[tuple, _Graph] = {}
         self._compiled = None
         self._compile_failed = False
         self._shapes: set[tuple] = set()
-
-    @classmethod
-    def from_config(cls, model: FlowPolicy, cfg: InferenceConfig) -> Denoiser:
-        return cls(model, cfg.compile, max_graphs=cfg.max_graphs)
 
     def eager(self, prefix: Prefix, noise: Tensor, num_steps: int) -> Tensor:
         return flow.denoise(self.model.velocity_field(prefix), noise, num_steps=num_steps)

@@ -12,8 +12,10 @@ from test_model import make_obs, randomized
 
 from vla_rl.config import ConfigError, from_dict, policy_preset
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
+from vla_rl.eval.bench import BenchConfig
+from vla_rl.eval.evaluate import EvalConfig
 from vla_rl.policies import flow, inference
-from vla_rl.policies.inference import Denoiser, InferenceConfig, cast_weights, euler_steps, weight_dtype
+from vla_rl.policies.inference import Denoiser, cast_weights, euler_steps, weight_dtype
 from vla_rl.policies.layers import RMSNorm
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
@@ -56,14 +58,33 @@ def prefix_and_noise(model: FlowPolicy, n: int, seed: int = 0):
     return model.encode_prefix(obs, hidden=False), noise.to(dev)
 
 
-def test_inference_config_is_checked():
-    assert InferenceConfig() == InferenceConfig("fp32", "none")
-    with pytest.raises(ConfigError, match="compile"):
-        from_dict(InferenceConfig, {"compile": "graphs"})
-    with pytest.raises(ConfigError, match="max_graphs"):
-        InferenceConfig(max_graphs=0)
+def test_denoiser_options_are_checked():
     with pytest.raises(ValueError, match="compile must be one of"):
         Denoiser(randomized("tiny"), "jit")
+    with pytest.raises(ValueError, match="max_graphs"):
+        Denoiser(randomized("tiny"), "cudagraph", max_graphs=0)
+    with pytest.raises(ConfigError, match="compile"):
+        from_dict(EvalConfig, {"compile": "graphs"})
+    with pytest.raises(ConfigError, match="dtype"):
+        from_dict(BenchConfig, {"dtype": "fp16"})
+
+
+def test_more_shapes_than_max_graphs_run_eagerly():
+    model = randomized("tiny")
+    den = Denoiser(model, "compile", max_graphs=1)
+    den._compile_failed = False
+    calls = []
+    den._compiled = lambda prefix, ctx, x, grid: calls.append(x.shape[0]) or euler_steps(model, prefix, ctx, x, grid)
+    with torch.inference_mode():
+        for n in (2, 2, 3):
+            prefix, noise = prefix_and_noise(model, n)
+            if n == 3:
+                with pytest.warns(RuntimeWarning, match="max_graphs=1"):
+                    out = den(prefix, noise, num_steps=3)
+            else:
+                out = den(prefix, noise, num_steps=3)
+            assert torch.equal(out, Denoiser(model)(prefix, noise, num_steps=3))
+    assert calls == [2, 2]   # the third shape ran the eager loop
 
 
 def test_cast_weights_keeps_the_norm_scales_in_float32():
@@ -247,3 +268,45 @@ def test_graphed_and_compiled_loops_equal_eager_on_cuda(name, mode, dtype):
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
 
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_actor_chunk_through_a_cuda_graph_equals_act():
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        model = randomized("tiny").cuda()
+        norm = NormStats(Stats.identity(model.cfg.state_dim), Stats.identity(model.cfg.action_dim))
+        obs = {k: v.cuda() if torch.is_tensor(v) else v for k, v in make_obs(model.cfg, 4).items()}
+        sampler = SamplerConfig(10, "ode")
+        graphed = Actor(model, norm, compile="cudagraph")
+        with torch.inference_mode():
+            for seed in (0, 1):
+                fast = graphed.chunk(obs, sampler, generator=torch.Generator("cuda").manual_seed(seed))
+                reference = Actor(model, norm).act(obs, sampler,
+                                                   generator=torch.Generator("cuda").manual_seed(seed)).actions
+                assert (fast - reference).abs().max().item() <= 1e-5
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_learner_with_checkpointing_under_bf16_autocast_on_cuda():
+    torch.manual_seed(0)
+    env = ColorReachEnv(8, config=ColorReachConfig(max_episode_steps=6), device="cuda", seed=0)
+    norm = NormStats(Stats.identity(4), Stats.identity(2))
+    model = small("tiny").cuda()
+    actor = Actor(model, norm, env_state_dim=4, env_action_dim=2)
+    ro, _ = collect_rollout(actor, env, env.reset(seed=1), num_chunks=2, sampler=SamplerConfig(4, "noise"),
+                            execute=4, generator=torch.Generator("cuda").manual_seed(0))
+    metrics = []
+    for parts in ("none", "all"):
+        cfg = PPOConfig(update_epochs=1, minibatches=2, grad_checkpointing=parts)
+        learner = Learner(Actor(copy.deepcopy(model), norm, env_state_dim=4, env_action_dim=2), cfg, bf16=True)
+        assert learner.autocast
+        metrics.append(learner.update(ro, iteration=0))
+    for k in ("losses/policy", "losses/value", "losses/approx_kl"):
+        assert torch.isfinite(torch.tensor(metrics[1][k])), k
+        assert metrics[1][k] == pytest.approx(metrics[0][k], rel=1e-3, abs=1e-5), k
