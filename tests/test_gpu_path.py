@@ -310,3 +310,24 @@ def test_learner_with_checkpointing_under_bf16_autocast_on_cuda():
     for k in ("losses/policy", "losses/value", "losses/approx_kl"):
         assert torch.isfinite(torch.tensor(metrics[1][k])), k
         assert metrics[1][k] == pytest.approx(metrics[0][k], rel=1e-3, abs=1e-5), k
+
+
+def test_eval_takes_dtype_and_compile(tmp_path):
+    """`vla-rl eval ... dtype=bf16 compile=cudagraph`: on a CPU the loop falls back (a warning) and evaluates
+    the same episodes as the default; bf16 weights evaluate too."""
+    from vla_rl.checkpoint import save_policy
+    from vla_rl.data.collect import collect_builtin_demos
+    from vla_rl.eval.evaluate import evaluate_checkpoint
+
+    torch.manual_seed(0)
+    data = collect_builtin_demos(2, seed=0)
+    path = save_policy(tmp_path / "policy", FlowPolicy(policy_preset("tiny", SMALL)),
+                       NormStats(Stats.of(data.state), Stats.of(data.action)))
+    settings = {"episodes": 4, "num_envs": 4, "progress": False, "env": {"builtin": {"max_episode_steps": 8}}}
+    log = lambda *_: None  # noqa: E731
+    reference = evaluate_checkpoint(path, settings, log=log)
+    with pytest.warns(RuntimeWarning, match="CUDA"):
+        graphed = evaluate_checkpoint(path, {**settings, "compile": "cudagraph"}, log=log)
+    assert graphed == reference
+    low = evaluate_checkpoint(path, {**settings, "dtype": "bf16"}, log=log)
+    assert low.keys() == reference.keys() and all(v == v for v in low.values())
