@@ -6,6 +6,7 @@ The CUDA-graph path itself is checked under ``pytest -m gpu``."""
 import copy
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from test_model import make_obs, randomized
@@ -331,3 +332,22 @@ def test_eval_takes_dtype_and_compile(tmp_path):
     assert graphed == reference
     low = evaluate_checkpoint(path, {**settings, "dtype": "bf16"}, log=log)
     assert low.keys() == reference.keys() and all(v == v for v in low.values())
+
+
+def test_exported_policy_with_a_loop_mode_acts_as_the_default(tmp_path):
+    """`load_exported(..., compile=...)` (`vla-rl serve --compile`): the same chunk as the default loop on a
+    CPU (cudagraph falls back); bf16 compute keeps the RMSNorm scales in fp32."""
+    from exported_fixture import observation, policy_folder
+
+    from vla_rl.interop.export import export_policy
+    from vla_rl.policies import load_exported
+
+    src = policy_folder(tmp_path / "policy", overrides=SMALL)[0]
+    out = export_policy(src, tmp_path / "export", dtype="bf16")
+    reference = load_exported(out).infer(observation(), seed=3)
+    graphed = load_exported(out, compile="cudagraph")
+    with pytest.warns(RuntimeWarning, match="CUDA"):
+        assert np.array_equal(graphed.infer(observation(), seed=3), reference)
+    low = load_exported(out, dtype="bf16")
+    assert low.compute_dtype == "bf16" and low.model.prefix_norm.weight.dtype == torch.float32
+    assert np.abs(low.infer(observation(), seed=3) - reference).max() < 0.1
