@@ -151,6 +151,9 @@ def test_cli_collect_then_sft(tmp_path, capsys):
     assert main(["collect", "builtin", str(ds), "episodes=3", "num_envs=4", "env.jitter=0.2"]) == 0
     info = json.loads((ds / "meta" / "info.json").read_text())
     assert info["vla_rl"]["env"] == "builtin" and info["vla_rl"]["env_config"]["jitter"] == 0.2
+    collect = info["vla_rl"]["collect"]
+    assert collect["kind"] == "builtin" and collect["num_envs"] == 4 and collect["fps"] == 10 == info["fps"]
+    assert "task" not in collect and "control_mode" not in collect   # ManiSkill's settings are not the builtin's
     assert main(["sft", str(ds), "--no-progress", "steps=3", "batch_size=8", "eval_episodes=4",
                  f"out={out}", "policy.depth=1"]) == 0
     text = capsys.readouterr().out
@@ -161,6 +164,25 @@ def test_cli_collect_then_sft(tmp_path, capsys):
     assert main(["sft", str(ds), "stepz=3"]) == 2           # unknown keys are errors
     assert main(["collect", "mujoco", str(tmp_path / "x")]) == 2           # unknown kind
     assert main(["collect", "maniskill", str(tmp_path / "x"), "task=NoSuchTask-v1"]) == 2  # no planner for it
+
+
+def test_collector_settings_are_the_kinds_own():
+    """info.json's ``collect`` entry holds what the chosen collector reads (fps and max_tries resolved); a
+    setting of the other collector is refused rather than silently ignored."""
+    from vla_rl.config import ConfigError, from_dict
+    from vla_rl.data.collect import CollectConfig, collector_settings
+
+    ms = collector_settings("maniskill", CollectConfig(task="PickCube-v1", episodes=4))
+    assert ms == {"kind": "maniskill", "episodes": 4, "seed": 0, "fps": 20, "video": False, "task": "PickCube-v1",
+                  "control_mode": "pd_ee_delta_pose", "obs_mode": "state", "image_size": 64,
+                  "max_episode_steps": None, "max_tries": 22}
+    builtin = collector_settings("builtin", CollectConfig(fps=5))
+    assert set(builtin) == {"kind", "episodes", "seed", "fps", "video", "noise", "num_envs", "env"}
+    assert builtin["fps"] == 5 and builtin["env"]["layout"] == CollectConfig().env.layout
+    with pytest.raises(ConfigError, match=r"collect maniskill does not read noise \(builtin\), env \(builtin\)"):
+        collector_settings("maniskill", from_dict(CollectConfig, {"noise": 0.3, "env": {"jitter": 0.2}}))
+    with pytest.raises(ConfigError, match=r"does not read task \(maniskill\)"):
+        collector_settings("builtin", CollectConfig(task="PickCube-v1"))
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -117,6 +117,8 @@ def test_recorded_dataset_has_the_libero_layout_and_round_trips(recorded):
                                                      "task_index")] == ["image", "wrist_image", "state", "actions"]
     assert info["features"]["image"]["shape"] == [32, 32, 3] and info["robot_type"] == "panda"
     assert info["vla_rl"]["env"] == "libero" and info["vla_rl"]["env_config"]["image_orientation"] == "rot180"
+    collect = info["vla_rl"]["collect"]
+    assert collect["kind"] == "libero" and collect["episodes_per_task"] == 2 and collect["max_episode_steps"] == STEPS
     assert set(json.loads((path / "meta" / "stats.json").read_text())) >= {"image", "wrist_image", "state", "actions"}
     back = read_lerobot_dataset(path)   # auto-detected: state / actions, cameras image, wrist_image
     for name in ("images", "state", "action", "episode_index", "frame_index", "task_index"):

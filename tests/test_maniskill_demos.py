@@ -132,6 +132,9 @@ def test_lerobot_dataset_holds_the_same_frames_and_names_its_env(pushcube):
     assert not [k for k, f in info["features"].items() if f["dtype"] in ("image", "video")]
     env_cfg = info["vla_rl"]["env_config"]
     assert info["vla_rl"]["env"] == "maniskill" and env_cfg["task"] == "PushCube-v1"
+    collect = info["vla_rl"]["collect"]   # the ManiSkill collector's settings, none of the built-in task's
+    assert collect["kind"] == "maniskill" and collect["task"] == "PushCube-v1" and collect["seed"] == 3
+    assert collect["fps"] == 20 and collect["max_tries"] == 16 and not {"env", "noise", "num_envs"} & set(collect)
     lengths = torch.bincount(read_maniskill_h5(h5).episode_index).tolist()
     assert env_cfg["max_episode_steps"] == episode_limit("PushCube-v1", lengths, None)
     assert env_cfg["max_episode_steps"] >= max(lengths)

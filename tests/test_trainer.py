@@ -5,10 +5,11 @@ import json
 
 import pytest
 import torch
+import yaml
 
 from vla_rl.checkpoint import CheckpointError, save_policy
 from vla_rl.cli import main as cli_main
-from vla_rl.config import ConfigError, from_dict, policy_preset
+from vla_rl.config import ConfigError, from_dict, policy_preset, to_dict
 from vla_rl.data.collect import collect_builtin_demos
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
@@ -63,6 +64,36 @@ def test_resumed_run_reproduces_the_uninterrupted_run(sft_checkpoint, tmp_path, 
     ckpts = sorted(p.name for p in (tmp_path / "full" / "checkpoints").iterdir())
     assert ckpts == ["best", "iter_000001", "iter_000002"]   # best: see test_best_checkpoint_...
     assert (tmp_path / "full" / "config.yaml").is_file()
+
+
+def test_time_budget_stops_cleanly_with_an_evaluation_and_a_checkpoint(sft_checkpoint, tmp_path, capsys,
+                                                                       monkeypatch):
+    """``max_minutes``: the run stops after the first iteration that leaves no time for another, with that
+    iteration evaluated (off the eval_every schedule) and saved, exit status 0; the resumed run finishes with the
+    numbers of an uninterrupted one (the extra evaluation changes no training state). Progress in a log: the
+    opening evaluation's episodes and the iterations."""
+    import vla_rl.progress
+
+    monkeypatch.setattr(vla_rl.progress, "LOG_INTERVAL_S", 0.0)   # a line at every update
+    out, full = tmp_path / "budget", tmp_path / "full"
+    over = {"eval_every": 5, "save_every": 5, "ppo": {"update_epochs": 1, "minibatches": 2}}
+    yaml.safe_dump(to_dict(config(sft_checkpoint, out, **over)), (tmp_path / "run.yaml").open("w"))
+    assert cli_main(["train", str(tmp_path / "run.yaml"), "max_minutes=1e-6", "progress=true"]) == 0
+    printed = capsys.readouterr()
+    assert "time budget max_minutes=1e-06 reached: stopped after iteration 1 of 2" in printed.out
+    assert "eval: 8/8 episodes (100%)" in printed.err and "rl: 1/2 iterations (50%)" in printed.err
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [x["iteration"] for x in lines] == [0, 1] and "eval/success_once" in lines[1]
+    assert (out / "checkpoints" / "iter_000001").is_dir()
+    resumed = resume_trainer(out, overrides={"max_minutes": None}, log=lambda *_: None).run()
+    uninterrupted = Trainer(config(sft_checkpoint, full, **over), log=lambda *_: None).run()
+    assert [x["iteration"] for x in resumed] == [0, 1, 2]
+    no_eval = [[{k: v for k, v in h.items() if not k.startswith("eval/")} for h in run]
+               for run in (resumed, uninterrupted)]
+    assert strip_time(no_eval[0]) == strip_time(no_eval[1])
+    assert resumed[-1]["eval/success_once"] == uninterrupted[-1]["eval/success_once"]
+    with pytest.raises(ConfigError, match=r"max_minutes = 0.0 is outside its valid range \(0, inf\)"):
+        config(sft_checkpoint, tmp_path / "x", max_minutes=0.0)
 
 
 def test_resume_errors_are_clear(sft_checkpoint, tmp_path):

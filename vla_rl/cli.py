@@ -123,14 +123,14 @@ def _collect(args) -> int:
         from vla_rl.data.libero_demos import LiberoRecordConfig, record_libero_dataset
 
         lcfg = from_dict(LiberoRecordConfig, parse_overrides(args.overrides))
-        path = record_libero_dataset(args.out, lcfg, overwrite=args.overwrite)
+        path = record_libero_dataset(args.out, lcfg, overwrite=args.overwrite, progress=not args.no_progress)
         print(f"wrote {len(lcfg.task_ids) * lcfg.episodes_per_task} LIBERO {lcfg.policy}-policy episodes as a "
               f"LeRobot v3.0 dataset (LIBERO layout: image, wrist_image, state, actions) to {path}")
         return 0
     cfg = from_dict(CollectConfig, parse_overrides(args.overrides))
     from vla_rl.data.lerobot import read_lerobot_info
 
-    path = collect_dataset(args.kind, args.out, cfg, overwrite=args.overwrite)
+    path = collect_dataset(args.kind, args.out, cfg, overwrite=args.overwrite, progress=not args.no_progress)
     kept = read_lerobot_info(path)["total_episodes"]
     short = f" (of {cfg.episodes} asked for: see the dropped episodes above)" if kept < cfg.episodes else ""
     print(f"wrote {kept} {args.kind} expert episodes{short} as a LeRobot v3.0 dataset to {path}")
@@ -262,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     col.add_argument("kind", help="builtin (scripted expert), maniskill (motion planner), libero (random policy)")
     col.add_argument("out", help="dataset folder to write (replaced atomically if it exists)")
     col.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
+    col.add_argument("--no-progress", action="store_true", help="no progress bars")
     col.set_defaults(func=_collect)
 
     sft = sub.add_parser("sft", help="flow-matching SFT of a policy on a LeRobot dataset (v3.0, v2.x) or ManiSkill .h5",

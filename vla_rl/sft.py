@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from tqdm.auto import tqdm
 
 from vla_rl.config import check_ranges, nonneg, positive, ranged
 from vla_rl.data.dataset import DemoDataset, drop_idle_frames
 from vla_rl.policies import flow
+from vla_rl.progress import progress as progress_bar
 from vla_rl.rl.actor import Actor, SamplerConfig
+from vla_rl.threads import local_worker_processes, policy_threads, torch_threads
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ def train_sft(actor: Actor, data: DemoDataset, cfg: SFTConfig, *, progress: bool
     gen = torch.Generator().manual_seed(cfg.seed)
     log, running = [], []
     model.train()
-    bar = tqdm(range(cfg.steps), desc="sft", disable=not progress, leave=False)
+    bar = progress_bar(range(cfg.steps), desc="sft", unit="steps", enabled=progress)
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
@@ -105,6 +106,9 @@ class SFTRunConfig:
     eval_seed: int | None = nonneg(None)   # None: 10_000 + seed (disjoint from the collection seeds)
     num_steps: int = ranged(4, 1)          # ODE steps of the evaluation
     execute: int = ranged(8, 1)            # actions executed per chunk in the evaluation
+    # torch threads of this process: "auto" = the cores left after one per env worker process (at least 1), or a
+    # number (1 when several jobs share the machine); see vla_rl.threads
+    threads: int | Literal["auto"] = ranged("auto", 1)
 
     def __post_init__(self):
         check_ranges(self)
@@ -225,7 +229,8 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True, ov
           f"SFT for {cfg.steps} steps")
     sft_cfg = SFTConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
                         seed=cfg.seed, log_every=max(1, min(100, cfg.steps)))
-    log = train_sft(actor, data, sft_cfg, progress=progress)
+    with torch_threads(policy_threads(cfg.threads)):
+        log = train_sft(actor, data, sft_cfg, progress=progress)
     print(f"flow-matching loss {log[0]['losses/flow_matching']:.3f} -> {log[-1]['losses/flow_matching']:.3f}")
     kind = env_dict.get("kind")
     env_name = {"builtin": "builtin/color_reach",
@@ -244,8 +249,10 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True, ov
         env = make_env(env_cfg, num_envs=n, device=torch.device("cpu"), seed=eval_seed)
         try:
             actor = Actor.for_env(model, norm, env.spec)
-            m = evaluate(actor, env, num_episodes=cfg.eval_episodes, sampler=SamplerConfig(cfg.num_steps, "ode"),
-                         execute=cfg.execute, seed=eval_seed)
+            threads = policy_threads(cfg.threads, worker_processes=local_worker_processes([env]))
+            with torch_threads(threads):
+                m = evaluate(actor, env, num_episodes=cfg.eval_episodes, sampler=SamplerConfig(cfg.num_steps, "ode"),
+                             execute=cfg.execute, seed=eval_seed, progress=progress)
         finally:
             if hasattr(env, "close"):
                 env.close()

@@ -11,9 +11,16 @@ import torch
 from vla_rl.config import ConfigError, check_ranges, nonneg, ranged, to_dict
 from vla_rl.data.dataset import DemoDataset
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
+from vla_rl.progress import progress as progress_bar
 
 # Kinds of scripted experts ``vla-rl collect`` knows: the built-in task's expert, ManiSkill's motion planners.
 COLLECT_KINDS = ("builtin", "maniskill")
+# The settings each collector reads (the others belong to the other collector). info.json records these
+# only, resolved, and setting another collector's field is refused: it would do nothing.
+COMMON_FIELDS = ("episodes", "seed", "fps", "video")
+KIND_FIELDS = {"builtin": ("noise", "num_envs", "env"),
+               "maniskill": ("task", "control_mode", "obs_mode", "image_size", "max_episode_steps", "max_tries")}
+DEFAULT_FPS = {"builtin": 10, "maniskill": 20}   # built-in: no clock; ManiSkill: its 20 Hz control rate
 
 
 @dataclass(frozen=True)
@@ -24,7 +31,7 @@ class CollectConfig:
     seed: int = nonneg(0)
     noise: float = nonneg(0.1)       # Gaussian action noise of the expert (demos then show some recoveries)
     num_envs: int = ranged(16, 1)
-    fps: int | None = ranged(None, 1)  # LeRobot timestamps; None: 10 builtin (no clock), 20 ManiSkill (control rate)
+    fps: int | None = ranged(None, 1)  # LeRobot timestamps; None: DEFAULT_FPS of the kind
     env: ColorReachConfig = field(default_factory=ColorReachConfig)
     # camera images as MP4 files (AV1, lossy, LeRobot's default for recorded data) instead of PNG in the parquet
     video: bool = False
@@ -44,8 +51,28 @@ class CollectConfig:
         check_ranges(self)
 
 
+def collector_settings(kind: str, cfg: CollectConfig) -> dict:
+    """The settings of ``cfg`` that the ``kind`` collector reads, with ``fps`` and ``max_tries`` resolved (what
+    info.json's ``vla_rl.collect`` records). A field of the other collector set away from its default is a
+    :class:`ConfigError` naming it."""
+    if kind not in COLLECT_KINDS:
+        raise ConfigError(f"unknown collect kind {kind!r}; supported: {list(COLLECT_KINDS)}")
+    defaults = CollectConfig()
+    foreign = [f"{name} ({other})" for other, names in KIND_FIELDS.items() if other != kind for name in names
+               if getattr(cfg, name) != getattr(defaults, name)]
+    if foreign:
+        raise ConfigError(f"collect {kind} does not read {', '.join(foreign)}: those settings are for the "
+                          "collector named in brackets")
+    full = to_dict(cfg)
+    out = {name: full[name] for name in COMMON_FIELDS + KIND_FIELDS[kind]}
+    out["fps"] = cfg.fps or DEFAULT_FPS[kind]
+    if kind == "maniskill":
+        out["max_tries"] = cfg.max_tries or 3 * cfg.episodes + 10
+    return {"kind": kind, **out}
+
+
 def collect_builtin_demos(num_episodes: int, *, seed: int = 0, noise: float = 0.1, num_envs: int = 16,
-                          config: ColorReachConfig | None = None) -> DemoDataset:
+                          config: ColorReachConfig | None = None, progress: bool = False) -> DemoDataset:
     """Successful ColorReach episodes of the scripted expert (with Gaussian action noise ``noise``, so
     the demos cover some recovery states), recorded frame by frame."""
     if num_episodes < 1:
@@ -55,6 +82,7 @@ def collect_builtin_demos(num_episodes: int, *, seed: int = 0, noise: float = 0.
     obs = env.reset(seed=seed)
     buffers = [[] for _ in range(num_envs)]
     episodes: list[list[tuple]] = []
+    bar = progress_bar(total=num_episodes, desc="expert episodes", unit="episodes", enabled=progress)
     while len(episodes) < num_episodes:
         action = env.expert_action(noise=noise, generator=gen)
         for i in range(num_envs):
@@ -64,7 +92,9 @@ def collect_builtin_demos(num_episodes: int, *, seed: int = 0, noise: float = 0.
         for i in out.done.nonzero(as_tuple=True)[0].tolist():
             if bool(out.terminated[i]) and len(episodes) < num_episodes:  # keep successes only
                 episodes.append(buffers[i])
+                bar.update(1)
             buffers[i] = []
+    bar.close()
     tasks = sorted({frame[3] for ep in episodes for frame in ep})
     task_id = {t: k for k, t in enumerate(tasks)}
     frames = [(e, f, *frame) for e, ep in enumerate(episodes) for f, frame in enumerate(ep)]
@@ -79,19 +109,20 @@ def collect_builtin_demos(num_episodes: int, *, seed: int = 0, noise: float = 0.
     )
 
 
-def collect_dataset(kind: str, out: str | Path, cfg: CollectConfig, *, overwrite: bool = False) -> Path:
+def collect_dataset(kind: str, out: str | Path, cfg: CollectConfig, *, overwrite: bool = False,
+                    progress: bool = True) -> Path:
     """Collect ``cfg.episodes`` expert demos of ``kind`` and write them as a LeRobot v3.0 dataset at ``out``
     (``builtin``: the scripted expert; ``maniskill``: ManiSkill's motion planner for ``cfg.task``, converted
     to ``cfg.control_mode`` with state observations, see :mod:`vla_rl.data.maniskill_demos`).
 
     info.json records the env (``"vla_rl": {"env": ..., "env_config": ...}``) so ``vla-rl sft`` can
-    evaluate on the task the demos came from. An ``out`` that holds anything is refused before any work
+    evaluate on the task the demos came from, and the collector's settings (``"collect"``:
+    :func:`collector_settings`). An ``out`` that holds anything is refused before any work
     unless ``overwrite`` (then replaced atomically once the new dataset is complete)."""
     from vla_rl.data.lerobot import write_lerobot_dataset
     from vla_rl.outputs import check_output
 
-    if kind not in COLLECT_KINDS:
-        raise ConfigError(f"unknown collect kind {kind!r}; supported: {list(COLLECT_KINDS)}")
+    settings = collector_settings(kind, cfg)
     check_output(out, overwrite=overwrite, what="dataset folder", elsewhere="another OUT folder")
     if kind == "maniskill":   # ManiSkill's own files of an earlier collection into OUT live beside it
         raw = Path(out).with_name(Path(out).name + ".maniskill")
@@ -104,11 +135,12 @@ def collect_dataset(kind: str, out: str | Path, cfg: CollectConfig, *, overwrite
                               f"{', '.join(PLANNED_TASKS)}")
         return collect_maniskill(out, task=cfg.task, episodes=cfg.episodes, seed=cfg.seed,
                                  control_mode=cfg.control_mode, obs_mode=cfg.obs_mode, image_size=cfg.image_size,
-                                 max_episode_steps=cfg.max_episode_steps, max_tries=cfg.max_tries,
-                                 fps=cfg.fps or 20, video=cfg.video, extra_info={"collect": to_dict(cfg)})
+                                 max_episode_steps=cfg.max_episode_steps, max_tries=settings["max_tries"],
+                                 fps=settings["fps"], video=cfg.video, extra_info={"collect": settings},
+                                 progress=progress)
     data = collect_builtin_demos(cfg.episodes, seed=cfg.seed, noise=cfg.noise, num_envs=cfg.num_envs,
-                                 config=cfg.env)
-    return write_lerobot_dataset(out, data, fps=cfg.fps or 10, camera_names=["top"], robot_type="color_reach_point",
-                                 video=cfg.video,
+                                 config=cfg.env, progress=progress)
+    return write_lerobot_dataset(out, data, fps=settings["fps"], camera_names=["top"],
+                                 robot_type="color_reach_point", video=cfg.video,
                                  extra_info={"vla_rl": {"env": "builtin", "env_config": to_dict(cfg.env),
-                                                        "collect": to_dict(cfg)}})
+                                                        "collect": settings}})

@@ -24,8 +24,9 @@ import pyarrow.parquet as pq
 import torch
 
 from vla_rl.checkpoint import atomic_folder
-from vla_rl.config import check_ranges, nonneg, positive, ranged
+from vla_rl.config import check_ranges, nonneg, positive, ranged, to_dict
 from vla_rl.data.dataset import DemoDataset
+from vla_rl.progress import progress as progress_bar
 
 # Our LeRobot writer's names -> the LIBERO layout's.
 LIBERO_FEATURES = {"observation.images.image": "image", "observation.images.wrist_image": "wrist_image",
@@ -67,8 +68,6 @@ def random_policy(rng: np.random.Generator, scale: float):
 def record_libero_episodes(cfg: LiberoRecordConfig, *, progress: bool = True) -> DemoDataset:
     """Run ``cfg.episodes_per_task`` episodes (init states 0, 1, ...) of each task; every frame is the
     observation before an action and that action."""
-    from tqdm.auto import tqdm
-
     from vla_rl.envs.libero import LiberoConfig, LiberoSingleEnv
 
     env = LiberoSingleEnv(LiberoConfig(suite=cfg.suite, task_ids=list(cfg.task_ids), image_size=cfg.image_size,
@@ -80,7 +79,8 @@ def record_libero_episodes(cfg: LiberoRecordConfig, *, progress: bool = True) ->
     tasks: list[str] = []
     episode = 0
     try:
-        bar = tqdm(total=len(cfg.task_ids) * cfg.episodes_per_task, desc="LIBERO episodes", disable=not progress)
+        bar = progress_bar(total=len(cfg.task_ids) * cfg.episodes_per_task, desc="LIBERO episodes", unit="episodes",
+                           enabled=progress)
         for task_id in cfg.task_ids:
             for init_id in range(cfg.episodes_per_task):
                 obs = env.reset_to(task_id, init_id)
@@ -145,7 +145,9 @@ def recording_info(cfg: LiberoRecordConfig) -> dict:
     env_config = {"suite": cfg.suite, "task_ids": list(cfg.task_ids), "image_size": cfg.image_size,
                   "cameras": ["agentview", "wrist"], "max_episode_steps": cfg.max_episode_steps,
                   "image_orientation": cfg.image_orientation}
-    return {"vla_rl": {"env": "libero", "env_config": env_config, "policy": cfg.policy, "seed": cfg.seed}}
+    # "collect": the recorder's own settings, as the built-in and ManiSkill collectors record theirs.
+    return {"vla_rl": {"env": "libero", "env_config": env_config, "policy": cfg.policy, "seed": cfg.seed,
+                       "collect": {"kind": "libero", **to_dict(cfg)}}}
 
 
 def record_libero_dataset(path: str | Path, cfg: LiberoRecordConfig | None = None, *, progress: bool = True,

@@ -34,6 +34,7 @@ import torch
 
 from vla_rl.data.dataset import DemoDataset, concat_episodes, select_episodes
 from vla_rl.envs.maniskill import default_instruction, ensure_vulkan
+from vla_rl.progress import progress as progress_bar
 
 # The tasks ManiSkill 3.0.1 ships a Panda motion-planning solution for (``...panda.solutions``).
 PLANNED_TASKS = ("PickCube-v1", "PushCube-v1", "StackCube-v1", "PullCube-v1", "LiftPegUpright-v1",
@@ -80,7 +81,7 @@ def plan_demos(task: str, num_episodes: int, out_dir: str | Path, *, seed: int =
 
 
 def _plan(task: str, num_episodes: int, out_dir: str | Path, *, seed: int, max_tries: int,
-          log=print) -> tuple[Path, int, int, list[DroppedEpisode]]:
+          log=print, progress: bool = False) -> tuple[Path, int, int, list[DroppedEpisode]]:
     """Plan seeds ``seed, seed + 1, ...`` until ``num_episodes`` plans succeed or ``max_tries`` seeds were
     tried; returns (the ``.h5``, plans kept, seeds tried, the failed seeds and why)."""
     import gymnasium as gym
@@ -99,6 +100,7 @@ def _plan(task: str, num_episodes: int, out_dir: str | Path, *, seed: int, max_t
                         source_type="motionplanning", source_desc="ManiSkill's motion-planning solution",
                         record_reward=False, save_on_reset=False)
     kept, tries, s, failed = 0, 0, seed, []
+    bar = progress_bar(total=num_episodes, desc=f"{task} motion plans", unit="plans", enabled=progress)
     try:
         while kept < num_episodes and tries < max_tries:
             reason = None
@@ -112,7 +114,9 @@ def _plan(task: str, num_episodes: int, out_dir: str | Path, *, seed: int, max_t
                 log(f"{task} seed {s}: dropped, {failed[-1].reason}")
             env.flush_trajectory(save=ok)
             kept, tries, s = kept + ok, tries + 1, s + 1
+            bar.update(int(ok))
     finally:
+        bar.close()
         env.close()
     log(f"{task}: {kept} successful motion plans from {tries} seeds")
     return out_dir / f"{task}.h5", kept, tries, failed
@@ -447,7 +451,8 @@ def _good_episodes(planned: Path, converted: Path, *, task: str, control_mode: s
 def collect_maniskill(out: str | Path, *, task: str, episodes: int, seed: int = 0,
                       control_mode: str = "pd_ee_delta_pose", obs_mode: str = "state", image_size: int = 64,
                       max_episode_steps: int | None = None, fps: int = 20, video: bool = False,
-                      max_tries: int | None = None, extra_info: dict | None = None, log=print) -> Path:
+                      max_tries: int | None = None, extra_info: dict | None = None, log=print,
+                      progress: bool = False) -> Path:
     """Motion-planner demos of ``task`` -> ``control_mode`` + ``obs_mode`` (``state``, or ``rgb``: camera
     images of ``image_size`` + proprioception) -> a LeRobot v3.0 dataset at ``out``. ManiSkill's own
     ``.h5`` files are kept in ``<out>.maniskill/``. info.json records the env (``"vla_rl": {"env":
@@ -473,7 +478,7 @@ def collect_maniskill(out: str | Path, *, task: str, episodes: int, seed: int = 
         round_dir = raw_dir if rounds == 0 else raw_dir / f"more-{rounds}"
         rounds += 1
         planned, n_plans, tries, failed = _plan(task, episodes - kept, round_dir, seed=next_seed,
-                                                   max_tries=max_tries - tried, log=log)
+                                                   max_tries=max_tries - tried, log=log, progress=progress)
         dropped += failed
         tried, next_seed = tried + tries, next_seed + tries
         if n_plans == 0:

@@ -40,6 +40,7 @@ from vla_rl.env_factory import EnvConfig, make_env
 from vla_rl.eval.evaluate import checkpoint_env_config, evaluate_episodes
 from vla_rl.eval.paired import paired_difference
 from vla_rl.rl.actor import Actor, SamplerConfig
+from vla_rl.threads import local_worker_processes, policy_threads, torch_threads
 
 LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
 SUITE_SETS = {"libero_4": ("libero_spatial", "libero_object", "libero_goal", "libero_10")}
@@ -69,6 +70,9 @@ class BenchConfig:
     out: str = "runs/bench"
     env: dict[str, Any] = field(default_factory=dict)  # simulator settings (LiberoConfig / ManiSkillConfig fields)
     progress: bool = True
+    # torch threads of this process: "auto" = the cores left after one per env worker process (at least 1), or a
+    # number (1 when several jobs share the machine); see vla_rl.threads
+    threads: int | Literal["auto"] = positive("auto")
 
     def __post_init__(self):
         check_ranges(self)
@@ -203,8 +207,10 @@ def run_task(actor_for, task: BenchTask, cfg: BenchConfig, out: Path, log) -> di
                 last[0] = time.perf_counter()
                 log(f"  {task.key}: {done}/{total} episodes")
 
-        records = evaluate_episodes(actor, env, num_episodes=task.episodes, sampler=SamplerConfig(cfg.num_steps, "ode"),
-                                    execute=cfg.execute, seed=task.seed, videos=cfg.videos, progress=progress)
+        with torch_threads(policy_threads(cfg.threads, worker_processes=local_worker_processes([env]))):
+            records = evaluate_episodes(actor, env, num_episodes=task.episodes,
+                                        sampler=SamplerConfig(cfg.num_steps, "ode"), execute=cfg.execute,
+                                        seed=task.seed, videos=cfg.videos, progress=progress)
     finally:
         env.close()
     instruction = ""

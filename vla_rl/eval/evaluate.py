@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -14,19 +15,22 @@ import torch
 from vla_rl.config import check_ranges, nonneg, positive, ranged, resolve_device
 from vla_rl.env_factory import EnvConfig, env_identity, make_env
 from vla_rl.rl.actor import Actor, SamplerConfig
+from vla_rl.threads import local_worker_processes, policy_threads, torch_threads
 
 EPISODE_METRICS = ("success_once", "success_at_end", "return", "length")
 
 
 @torch.inference_mode()
 def first_episodes(actor: Actor, env, *, seed: int, count: int, sampler: SamplerConfig, execute: int | None,
-                   generator: torch.Generator, group_size: int = 1, recorder=None) -> dict[str, torch.Tensor]:
+                   generator: torch.Generator, group_size: int = 1, recorder=None,
+                   on_episodes=None) -> dict[str, torch.Tensor]:
     """One round: reset ``env`` with ``seed`` (``group_size`` > 1: groups of envs share an initial state),
     reseed ``generator`` with it, and step until envs ``0 .. count - 1`` have each ended an episode.
 
     Returns each of those envs' *first* episode's metrics (:data:`EPISODE_METRICS`), ``[count]`` tensors
     indexed by env; episodes that start after an env's first one ends are ignored. ``recorder`` (a
-    :class:`~vla_rl.envs.video.VideoRecorder`, ``first_episode_only``) gets every observation of the round."""
+    :class:`~vla_rl.envs.video.VideoRecorder`, ``first_episode_only``) gets every observation of the round;
+    ``on_episodes(k)`` is called after each chunk in which ``k`` > 0 of those first episodes ended."""
     n = env.num_envs
     obs = env.reset(seed=seed) if group_size == 1 else env.reset(seed=seed, group_size=group_size)
     if recorder is not None:
@@ -41,11 +45,15 @@ def first_episodes(actor: Actor, env, *, seed: int, count: int, sampler: Sampler
         if recorder is not None:
             recorder.add(out)
         if out.episodes:
+            ended = 0
             for j, i in enumerate(out.episodes["env_index"].tolist()):
                 if pending[i]:
                     pending[i] = False
+                    ended += 1
                     for k in out_metrics:
                         out_metrics[k][i] = float(out.episodes[k][j])
+            if ended and on_episodes is not None:
+                on_episodes(ended)
     return out_metrics
 
 
@@ -61,7 +69,8 @@ def evaluate_episodes(actor: Actor, env, *, num_episodes: int, sampler: SamplerC
 
     ``videos`` > 0: the first ``videos`` episodes (envs ``0 .. videos - 1`` of the first round) are recorded,
     one frame per chunk, and their records carry ``frames`` (uint8 ``[H, W, 3]`` list; write them with
-    :func:`~vla_rl.envs.video.record_video`). ``progress(done, total)`` is called after each round.
+    :func:`~vla_rl.envs.video.record_video`). ``progress(done, total)`` is called whenever episodes end (a
+    round's envs end their episodes at different chunks), with the number of episodes done so far.
 
     Round ``r`` of ``env.num_envs`` episodes resets with seed ``seed + r * num_envs`` (fixed seeds: a result
     is reproducible); ``execute`` actions of each chunk are run (default: the whole chunk). Why that stride:
@@ -71,6 +80,13 @@ def evaluate_episodes(actor: Actor, env, *, num_episodes: int, sampler: SamplerC
     n = env.num_envs
     gen = torch.Generator(device=actor.model.device)
     records: list[dict[str, Any]] = []
+    done = [0]
+
+    def ended(k: int) -> None:
+        done[0] += k
+        if progress is not None:
+            progress(done[0], num_episodes)
+
     for r in range(math.ceil(num_episodes / n)):
         round_seed, count = seed + r * n, min(n, num_episodes - r * n)
         recorder = None
@@ -79,15 +95,13 @@ def evaluate_episodes(actor: Actor, env, *, num_episodes: int, sampler: SamplerC
 
             recorder = VideoRecorder(env, range(min(videos, count)), fps=video_fps, first_episode_only=True)
         ep = first_episodes(actor, env, seed=round_seed, count=count, sampler=sampler, execute=execute,
-                            generator=gen, recorder=recorder)
+                            generator=gen, recorder=recorder, on_episodes=ended)
         for i in range(count):
             rec: dict[str, Any] = {"reset_seed": round_seed, "env_index": i, "episode_seed": round_seed + i,
                                    **{k: float(ep[k][i]) for k in EPISODE_METRICS}}
             if recorder is not None and i in recorder.frames:
                 rec["frames"] = recorder.frames[i]
             records.append(rec)
-        if progress is not None:
-            progress(len(records), num_episodes)
     return records
 
 
@@ -102,13 +116,27 @@ def summarize(records: list[dict], prefix: str = "eval") -> dict[str, float]:
 
 @torch.inference_mode()
 def evaluate(actor: Actor, env, *, num_episodes: int, sampler: SamplerConfig | None = None,
-             execute: int | None = None, seed: int = 1000, prefix: str = "eval") -> dict[str, float]:
-    """Success rate and returns over ``num_episodes`` episodes (:func:`evaluate_episodes`, averaged).
+             execute: int | None = None, seed: int = 1000, prefix: str = "eval",
+             progress: bool = False, desc: str = "eval") -> dict[str, float]:
+    """Success rate and returns over ``num_episodes`` episodes (:func:`evaluate_episodes`, averaged);
+    ``progress``: show the episodes done (:func:`vla_rl.progress.progress`, named ``desc``).
 
     Counting only each env's first episode (rather than whatever ends first) keeps short, successful
     episodes from being over-represented."""
-    records = evaluate_episodes(actor, env, num_episodes=num_episodes, sampler=sampler, execute=execute, seed=seed)
+    with episode_progress(num_episodes, enabled=progress, desc=desc) as report:
+        records = evaluate_episodes(actor, env, num_episodes=num_episodes, sampler=sampler, execute=execute,
+                                    seed=seed, progress=report)
     return summarize(records, prefix)
+
+
+@contextlib.contextmanager
+def episode_progress(total: int, *, enabled: bool, desc: str = "eval"):
+    """A ``progress(done, total)`` callback for :func:`evaluate_episodes` that moves a progress indicator
+    (:func:`vla_rl.progress.progress`: a bar on a terminal, a line every few seconds in a log)."""
+    from vla_rl.progress import progress
+
+    with progress(total=total, desc=desc, unit="episodes", enabled=enabled) as bar:
+        yield lambda done, _total: bar.update(done - bar.n)
 
 
 @dataclass(frozen=True)
@@ -141,6 +169,9 @@ class EvalConfig:
     video_dir: str | None = None
     video_format: Literal["mp4", "gif"] = "mp4"
     progress: bool = True
+    # torch threads of this process: "auto" = the cores left after one per env worker process (at least 1), or a
+    # number (1 when several jobs share the machine); see vla_rl.threads
+    threads: int | Literal["auto"] = ranged("auto", 1)
 
     def __post_init__(self):
         check_ranges(self)
@@ -205,20 +236,19 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, *, over
     cfg = from_dict(EvalConfig, dict(overrides or {}))
     if cfg.out:
         check_output(cfg.out, overwrite=overwrite, what="evaluation file")
+
     path = resolve_checkpoint(path, log=log)
     num_envs = min(cfg.num_envs, cfg.episodes)
     env_cfg = checkpoint_env_config(path, cfg.env)
     actor, env = open_checkpoint(path, env_config=env_cfg, num_envs=num_envs, device=resolve_device(cfg.device),
                                  seed=cfg.seed, dtype=cfg.dtype, compile=cfg.compile)
 
-    def progress(done: int, total: int) -> None:
-        if cfg.progress and total > num_envs:
-            print(f"  {done}/{total} episodes", flush=True)
-
     try:
         sampler = SamplerConfig(cfg.num_steps, cfg.method, noise_level=cfg.noise_level, sde_mode=cfg.sde_mode)
-        records = evaluate_episodes(actor, env, num_episodes=cfg.episodes, sampler=sampler, execute=cfg.execute,
-                                    seed=cfg.seed, videos=cfg.videos, progress=progress)
+        threads = policy_threads(cfg.threads, worker_processes=local_worker_processes([env]))
+        with torch_threads(threads), episode_progress(cfg.episodes, enabled=cfg.progress) as report:
+            records = evaluate_episodes(actor, env, num_episodes=cfg.episodes, sampler=sampler,
+                                        execute=cfg.execute, seed=cfg.seed, videos=cfg.videos, progress=report)
     finally:
         env.close()
     if cfg.videos:

@@ -19,7 +19,6 @@ from typing import Literal
 
 import torch
 import yaml
-from tqdm.auto import tqdm
 
 from vla_rl.checkpoint import CheckpointError, load_policy, policy_files, read_yaml_file, write_atomic_folder
 from vla_rl.config import (
@@ -29,6 +28,7 @@ from vla_rl.config import (
     merge,
     nonneg,
     policy_preset,
+    positive,
     ranged,
     resolve_device,
     to_dict,
@@ -41,6 +41,7 @@ from vla_rl.eval.evaluate import evaluate
 from vla_rl.outputs import check_output, clear_output
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
+from vla_rl.progress import progress
 from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.metrics_log import MetricsLog, summary_line
@@ -54,6 +55,7 @@ from vla_rl.rl.state import (  # noqa: F401  (CHECKPOINT_PREFIX, latest_checkpoi
     save_checkpoint,
     verify_checkpoint,
 )
+from vla_rl.threads import local_worker_processes, policy_threads
 
 
 class TrainingError(RuntimeError):
@@ -74,6 +76,9 @@ class TrainConfig:
     rollout_groups: int = ranged(1, 1)
     execute: int = ranged(8, 1)          # E actions executed of each H-action chunk
     iterations: int = nonneg(20)
+    # A wall-time budget for this invocation (None: none): once the next iteration would end past it, the run
+    # evaluates, saves a checkpoint and returns normally; `vla-rl train --resume` continues it (with a new budget).
+    max_minutes: float | None = positive(None)
     eval_every: int = ranged(5, 1)
     eval_episodes: int = ranged(100, 1)
     eval_seed: int = nonneg(10_000)
@@ -92,6 +97,9 @@ class TrainConfig:
     max_skipped_iterations: int = ranged(3, 1)
     tensorboard: bool = True
     progress: bool = True
+    # torch threads of this process: "auto" = the cores left after one per env worker process (at least 1), or a
+    # number (1 when several jobs share the machine); see vla_rl.threads
+    threads: int | Literal["auto"] = ranged("auto", 1)
     # "ray": env actors and learners on a Ray cluster as the `ray` section says (pip install 'vla-rl[ray]');
     # the same loop, and (env_actors 0) the same numbers as "local".
     runtime: Literal["local", "ray"] = "local"
@@ -171,6 +179,7 @@ class Trainer:
         self.device = resolve_device(cfg.device)
         self.metrics = MetricsLog(self.run_dir, tensorboard=cfg.tensorboard, log=log)
         self.env = self.eval_env = self.runtime = self.learner = None
+        self._threads_before: int | None = None   # torch's thread count before this trainer set its own
         try:
             self._build(cfg)
         except BaseException:
@@ -189,6 +198,13 @@ class Trainer:
         else:
             self.env = make_env(cfg.env, num_envs=cfg.env.num_envs, device=self.device, seed=cfg.seed, log=self.log)
             self.eval_env = eval_env_for(cfg, self.env, self.device, log=self.log)
+        workers = local_worker_processes([self.env, self.eval_env])
+        self.threads = policy_threads(cfg.threads, worker_processes=workers)
+        self._threads_before = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        if workers or cfg.threads != "auto":
+            self.log(f"torch threads in this process: {self.threads} (threads={cfg.threads}; {workers} env worker "
+                     "process(es) with one thread each)")
         spec = self.env.spec
         if cfg.rollout_groups > 1:
             try:
@@ -212,6 +228,7 @@ class Trainer:
         self.iteration = 0
         self.history: list[dict] = []
         self.skipped_in_a_row = 0
+        self.stopped_by_budget = False   # the last run() ended at max_minutes, before cfg.iterations
         if self.resume_from is not None:
             self.load(self.resume_from)
         # Learner actors start from this learner's weights and optimizer state (a resumed one's included).
@@ -234,6 +251,9 @@ class Trainer:
         if self.runtime is not None:
             self.runtime.close()
             self.runtime = None
+        if self._threads_before is not None:   # the process's thread count as it was before this trainer
+            torch.set_num_threads(self._threads_before)
+            self._threads_before = None
         self.metrics.close()
 
     def __enter__(self) -> Trainer:
@@ -300,7 +320,7 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         sampler = self.cfg.sampler if self.cfg.eval_method == "train" else replace(self.cfg.sampler, method="ode")
         return evaluate(self.actor, self.eval_env, num_episodes=self.cfg.eval_episodes, sampler=sampler,
-                        execute=self.cfg.execute, seed=self.cfg.eval_seed)
+                        execute=self.cfg.execute, seed=self.cfg.eval_seed, progress=self.cfg.progress)
 
     def _evaluate_and_keep_best(self) -> dict[str, float]:
         """Evaluate; when ``keep_best`` and the success beats every earlier evaluation of this run (resumed
@@ -351,17 +371,36 @@ class Trainer:
                                 f"{self._newest_checkpoint_text()} (continue it with `vla-rl train --resume "
                                 f"{self.run_dir}`)") from None
 
+    def _over_budget(self, started: float, iteration_start: float) -> bool:
+        """Whether another iteration, as long as the one that started at ``iteration_start``, would end past
+        ``max_minutes`` counted from ``started`` (both ``time.perf_counter()``)."""
+        if self.cfg.max_minutes is None or self.iteration >= self.cfg.iterations:
+            return False
+        now = time.perf_counter()
+        return (now - started) + (now - iteration_start) > 60 * self.cfg.max_minutes
+
     def _run(self) -> list[dict]:
         cfg = self.cfg
+        started = time.perf_counter()
+        self.stopped_by_budget = False
         self._start_run_dir()
-        env_steps = sum(int(h.get("time/env_steps_iter", 0)) for h in self.history)
         if self.iteration == 0 and not self.history:
             m = {"iteration": 0, "time/env_steps": 0, **self._evaluate_and_keep_best()}
             how = "ODE" if cfg.eval_method == "ode" else f"{cfg.sampler.method} sampler"
             self.log(f"before RL: eval success {m['eval/success_once']:.3f} ({how}, {cfg.eval_episodes} episodes)")
             self._record(m)
-        bar = tqdm(range(self.iteration, cfg.iterations), desc="rl", disable=not cfg.progress, leave=False)
-        for it in bar:
+        bar = progress(total=cfg.iterations, initial=self.iteration, desc="rl", unit="iterations",
+                       enabled=cfg.progress)
+        try:
+            self._iterate(bar, started)
+        finally:
+            bar.close()
+        return self.history
+
+    def _iterate(self, bar, started: float) -> None:
+        cfg = self.cfg
+        env_steps = sum(int(h.get("time/env_steps_iter", 0)) for h in self.history)
+        for it in range(self.iteration, cfg.iterations):
             t0 = time.perf_counter()
             seed = rollout_seed(cfg.seed, it, self.env.num_envs)
             grpo = cfg.ppo.algorithm == "grpo"
@@ -395,7 +434,9 @@ class Trainer:
             if problem:   # the iteration's metrics are kept for the diagnosis; nothing of it is saved
                 self._record(m)
                 raise TrainingError(problem)
-            if self.iteration % cfg.eval_every == 0 or self.iteration == cfg.iterations:
+            # Out of time: this iteration is the last of the invocation, so it is evaluated and saved.
+            last = self._over_budget(started, t0)
+            if self.iteration % cfg.eval_every == 0 or self.iteration == cfg.iterations or last:
                 m.update(self._evaluate_and_keep_best())
             dt = time.perf_counter() - t0
             m["time/env_steps_per_s"] = ro.env_steps / t_roll
@@ -403,9 +444,15 @@ class Trainer:
             m["time/peak_memory_mb"] = _peak_memory_mb(self.device)
             self._record(m)
             self.log(summary_line(m))
-            if self.iteration % cfg.save_every == 0 or self.iteration == cfg.iterations:
+            if self.iteration % cfg.save_every == 0 or self.iteration == cfg.iterations or last:
                 self.save()
-        return self.history
+            bar.update(1)
+            if last:
+                self.stopped_by_budget = True
+                self.log(f"time budget max_minutes={cfg.max_minutes:g} reached: stopped after iteration "
+                         f"{self.iteration} of {cfg.iterations} (evaluated and saved); continue with "
+                         f"`vla-rl train --resume {self.run_dir}`")
+                return
 
 
 def resumed_config(saved: dict, overrides: dict) -> dict:

@@ -1,0 +1,151 @@
+"""Progress of long work: a tqdm bar on a terminal, a plain line every few seconds in a log (known answers with a
+hand-driven clock), and the evaluations of `vla-rl eval` and of a training reporting episodes done / total."""
+
+import io
+
+import pytest
+import torch
+
+import vla_rl.progress as progress_module
+from vla_rl.progress import LineProgress, is_terminal, progress
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_lines_come_every_interval_with_rate_and_time_left():
+    out, clock = io.StringIO(), Clock()
+    bar = LineProgress(total=10, desc="rl", unit="iterations", file=out, interval=5, clock=clock)
+    for _ in range(3):          # 3 iterations in 3 s: under the interval, nothing written
+        clock.t += 1
+        bar.update(1)
+    assert out.getvalue() == ""
+    clock.t += 2                # 5 s: a line
+    bar.update(1)
+    bar.set_postfix(loss="0.12")
+    clock.t += 1
+    bar.update(1)               # 1 s after the line: none
+    bar.close()                 # the final count, since a line was written before
+    bar.close()                 # idempotent
+    assert out.getvalue().splitlines() == [
+        "rl: 4/10 iterations (40%), 1.25 s/iteration, 5s elapsed, ~8s left",
+        "rl: 5/10 iterations (50%), 1.2 s/iteration, 6s elapsed, ~6s left, loss=0.12",
+    ]
+
+
+def test_short_work_writes_nothing_and_disabled_never_writes():
+    out, clock = io.StringIO(), Clock()
+    for _ in LineProgress(range(4), desc="sft", file=out, interval=5, clock=clock):
+        clock.t += 1
+    assert out.getvalue() == ""
+    bar = LineProgress(total=2, file=out, interval=0, enabled=False, clock=clock)
+    bar.update(2)
+    bar.close()
+    assert out.getvalue() == ""
+
+
+def test_a_resumed_count_sets_the_rate_from_this_process_only():
+    out, clock = io.StringIO(), Clock()
+    bar = LineProgress(total=100, initial=60, desc="rl", unit="iterations", file=out, interval=0, clock=clock)
+    clock.t += 20
+    bar.update(10)    # 10 iterations in 20 s here, not 70
+    assert out.getvalue() == "rl: 70/100 iterations (70%), 2 s/iteration, 20s elapsed, ~1m00s left\n"
+    bar = LineProgress(desc="plans", unit="plans", file=out, interval=0, clock=clock)   # no total
+    clock.t += 3700
+    bar.update(7400)
+    assert out.getvalue().splitlines()[-1] == "plans: 7400 plans, 2 plans/s, 1h01m elapsed"
+
+
+def test_a_terminal_gets_a_tqdm_bar_anything_else_lines():
+    from tqdm import tqdm
+
+    bar = progress(total=3, file=Terminal())
+    assert isinstance(bar, tqdm)
+    bar.close()
+    assert isinstance(progress(total=3, file=io.StringIO()), LineProgress)
+    assert isinstance(progress(total=3, file=Terminal(), enabled=False), LineProgress)   # silent
+    assert not is_terminal(object()) and is_terminal(Terminal())
+    with pytest.raises(ValueError, match="interval"):
+        LineProgress(interval=-1)
+
+
+@pytest.fixture
+def every_update(monkeypatch):
+    """Progress lines at every update (a log file otherwise gets one every LOG_INTERVAL_S)."""
+    monkeypatch.setattr(progress_module, "LOG_INTERVAL_S", 0.0)
+
+
+def test_eval_reports_episodes_as_they_end(tmp_path, capsys, every_update):
+    from vla_rl.checkpoint import save_policy
+    from vla_rl.cli import main
+    from vla_rl.config import policy_preset
+    from vla_rl.policies.model import FlowPolicy
+    from vla_rl.policies.normalize import NormStats, Stats
+
+    ckpt = save_policy(tmp_path / "policy", FlowPolicy(policy_preset("tiny", {"depth": 1})),
+                       NormStats(Stats.identity(4), Stats.identity(2)), meta={"env_config": {"kind": "builtin"}})
+    assert main(["eval", str(ckpt), "episodes=6", "num_envs=3", "env.builtin.max_episode_steps=12"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    counts = [int(line.split()[1].split("/")[0]) for line in err if line.startswith("eval: ")]
+    assert counts and counts == sorted(counts) and counts[-1] == 6 and all(f"{c}/6" for c in counts)
+    assert main(["eval", str(ckpt), "episodes=6", "num_envs=3", "env.builtin.max_episode_steps=12",
+                 "progress=false"]) == 0
+    assert "eval: " not in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- threads
+def test_auto_threads_leave_one_core_per_worker_process():
+    from vla_rl.threads import policy_threads, torch_threads
+
+    assert policy_threads("auto", worker_processes=0, cores=8) == 8
+    assert policy_threads("auto", worker_processes=6, cores=8) == 2
+    assert policy_threads("auto", worker_processes=2, cores=2) == 1    # never 0
+    assert policy_threads(3, worker_processes=2, cores=2) == 3         # a number is used as given
+    with pytest.raises(ValueError, match="threads must be 'auto' or an integer >= 1, got 0"):
+        policy_threads(0)
+    before = torch.get_num_threads()
+    with torch_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+
+
+def test_threads_is_a_range_checked_field_of_the_job_configs():
+    from vla_rl.config import ConfigError, from_dict
+    from vla_rl.eval.bench import BenchConfig
+    from vla_rl.eval.evaluate import EvalConfig
+    from vla_rl.rl.trainer import TrainConfig
+    from vla_rl.sft import SFTRunConfig
+
+    for cls in (TrainConfig, SFTRunConfig, EvalConfig, BenchConfig):
+        assert cls().threads == "auto" and from_dict(cls, {"threads": 2}).threads == 2
+        with pytest.raises(ConfigError, match="threads = 0 is outside its valid range"):
+            from_dict(cls, {"threads": 0})
+        with pytest.raises(ConfigError, match="threads: 'all'"):
+            from_dict(cls, {"threads": "all"})
+
+
+def test_a_trainer_sets_its_threads_and_gives_the_previous_count_back(tmp_path):
+    """The built-in env has no worker processes: ``auto`` is every core; a number is used; ``close`` restores
+    the count the process had."""
+    from vla_rl.config import from_dict
+    from vla_rl.rl.trainer import TrainConfig, Trainer
+    from vla_rl.threads import available_cores
+
+    cfg = {"env": {"num_envs": 2}, "iterations": 0, "eval_episodes": 2, "tensorboard": False, "progress": False,
+           "model": "tiny"}
+    before = torch.get_num_threads()
+    with Trainer(from_dict(TrainConfig, {**cfg, "out": str(tmp_path / "a")}), log=lambda *_: None) as t:
+        assert t.threads == available_cores() == torch.get_num_threads()
+    with Trainer(from_dict(TrainConfig, {**cfg, "out": str(tmp_path / "b"), "threads": 1}), log=lambda *_: None):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
