@@ -447,6 +447,18 @@ class ManiSkillGPUEnv:
         """RGB frames ``[N, H, W, 3]`` uint8 of ManiSkill's human-view camera."""
         return self.env.render()
 
+    def render_frames(self, indices: list[int] | None = None) -> list[np.ndarray]:
+        """One RGB frame ``[H, W, 3]`` uint8 per requested env, in the order asked (what videos of envs without
+        cameras use, as the worker pool's ``render_frames``). ManiSkill renders every env at once."""
+        indices = list(range(self.num_envs)) if indices is None else [int(i) for i in indices]
+        for i in indices:
+            if not 0 <= i < self.num_envs:
+                raise IndexError(f"env index {i} out of range for {self.num_envs} envs")
+        frames = self.render()
+        frames = frames.cpu().numpy() if isinstance(frames, Tensor) else np.asarray(frames)
+        frames = frames.reshape(-1, *frames.shape[-3:])
+        return [np.ascontiguousarray(frames[i]) for i in indices]
+
     def close(self) -> None:
         if getattr(self, "env", None) is not None:
             self.env.close()

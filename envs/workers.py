@@ -26,6 +26,35 @@ from .env_group import EnvGroup, land_reset, land_step, obs_layout
 from .worker_pool import WorkerError, WorkerPool, auto_envs_per_worker, split_evenly, worker_slices  # noqa: F401
 
 PARENT_CHECK_S = 2.0   # how often an idle worker checks that its parent is still alive
+# "all": every worker prints what its simulator says; otherwise only the first worker of each pool name in a
+# process does (see quiet_worker_output).
+OUTPUT_ENV = "VLA_RL_WORKER_OUTPUT"
+_speaking: set[str] = set()   # pool names whose first worker already speaks in this process
+
+
+def quiet_worker_output() -> None:
+    """Silence what a worker's simulator says on import and at start-up, which every sibling worker would say
+    again (robosuite's macro-file warnings, LIBERO's task-order lines, gymnasium / ManiSkill Python warnings):
+    Python warnings are ignored, log records below ERROR dropped and stdout discarded. Errors still reach the
+    parent (a failure's traceback travels over the pipe; stderr, where a crash reports, is kept)."""
+    import logging
+    import warnings
+
+    warnings.simplefilter("ignore")
+    logging.disable(logging.WARNING)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+    finally:
+        os.close(devnull)
+
+
+def _claim_voice(name: str) -> bool:
+    """True for the first pool of this name in this process (its worker 0 shows its simulator's output)."""
+    if name in _speaking:
+        return False
+    _speaking.add(name)
+    return True
 
 
 def _exit_cause(code: int | None) -> str:
@@ -67,10 +96,13 @@ class _Buffers:
                 s.unlink()
 
 
-def _worker(first: int, count: int, factory: Callable, conn) -> None:
+def _worker(first: int, count: int, factory: Callable, conn, quiet: bool = False) -> None:
     """Worker loop: build envs ``first .. first + count - 1``, then serve reset / step / render / close
-    commands for all of them (one message per command, the envs run one after another)."""
+    commands for all of them (one message per command, the envs run one after another). ``quiet``: see
+    :func:`quiet_worker_output` (before the simulator is imported)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and closes us
+    if quiet:
+        quiet_worker_output()
     parent = os.getppid()
     torch.set_num_threads(1)
     bufs = None
@@ -118,7 +150,11 @@ class WorkerVectorEnv(WorkerPool):
     in 64; and on a machine with fewer cores than envs the extra processes only add context switches and
     pipe round trips. Results do not depend on the grouping: every env keeps its own simulator and seed.
 
-    ``max_restarts``: see :class:`~envs.worker_pool.WorkerPool`."""
+    ``max_restarts``: see :class:`~envs.worker_pool.WorkerPool`.
+
+    What simulators print at start-up (warnings, info lines) is the same in every worker, so only worker 0 of
+    the first pool of each ``name`` in a process shows it; the others run :func:`quiet_worker_output`.
+    ``VLA_RL_WORKER_OUTPUT=all`` shows every worker's."""
 
     def __init__(self, factory: Callable[[], object], num_envs: int, *, seed: int = 0,
                  envs_per_worker: int | None = 1, start_method: str = "spawn", timeout: float = 300.0,
@@ -129,6 +165,7 @@ class WorkerVectorEnv(WorkerPool):
                          max_restarts=max_restarts, log=log)
         self.factory, self.timeout = factory, timeout
         self._ctx = mp.get_context(start_method)
+        self._voice = 0 if _claim_voice(name) else None   # the worker that shows its simulator's output
         self._procs: list = [None] * len(self.slices)
         self._conns: list = [None] * len(self.slices)
         self.bufs: _Buffers | None = None
@@ -159,7 +196,8 @@ class WorkerVectorEnv(WorkerPool):
     def _launch(self, w: int) -> None:
         parent, child = self._ctx.Pipe()
         sl = self.slices[w]
-        proc = self._ctx.Process(target=_worker, args=(sl[0], len(sl), self.factory, child), daemon=True,
+        quiet = w != self._voice and os.environ.get(OUTPUT_ENV) != "all"
+        proc = self._ctx.Process(target=_worker, args=(sl[0], len(sl), self.factory, child, quiet), daemon=True,
                                  name=f"vla-rl-{self.name}-{w}")
         proc.start()
         child.close()

@@ -112,6 +112,27 @@ def test_maniskill_bench_of_a_state_policy(tmp_path, capsys):
     assert cmp["tasks"][0]["diff"] == 0.0 and cmp["tasks"][0]["n"] == 2
 
 
+@pytest.mark.skipif(SKIP, reason="VLA_RL_SKIP_SIMULATORS=1")
+@pytest.mark.slow   # two ManiSkill workers and their first renderings; the bench test above covers videos=1 fast
+def test_eval_records_maniskill_videos_of_a_state_policy(tmp_path):
+    """`vla-rl eval videos=N` on ManiSkill with state observations: the frames are renderings of ManiSkill's
+    human-view camera (render_size), one per chunk, named by episode seed and outcome."""
+    import imageio.v2 as imageio
+
+    cfg = policy_preset("tiny", {"num_cameras": 0, "state_dim": 48, "action_dim": 7, "depth": 1})
+    ckpt = save_policy(tmp_path / "policy", FlowPolicy(cfg), NormStats(Stats.identity(42), Stats.identity(7)),
+                       meta={"env_config": {"kind": "maniskill", "maniskill": {"task": "PickCube-v1"}}})
+    out = tmp_path / "eval.json"
+    assert main(["eval", str(ckpt), "episodes=2", "num_envs=2", "execute=4", "videos=1", f"out={out}",
+                 "env.maniskill.max_episode_steps=12", "env.maniskill.render_size=64", "progress=false"]) == 0
+    first, second = json.loads(out.read_text())["episodes"]
+    assert "video" not in second and first["length"] == 12
+    assert first["video"] == str(tmp_path / "eval" / f"ep10000_{'success' if first['success_once'] else 'failure'}.mp4")
+    frames = imageio.mimread(first["video"])
+    # the reset and the first two chunks (the chunk that ends the episode resets it: nothing left to render)
+    assert len(frames) == 3 and frames[0].shape == (64, 64, 3) and frames[0].std() > 10   # a scene, not a blank
+
+
 def test_eval_records_videos_of_the_first_episodes(tmp_path, capsys):
     cfg = policy_preset("tiny")
     ckpt = save_policy(tmp_path / "policy", FlowPolicy(cfg), NormStats(Stats.identity(4), Stats.identity(2)),

@@ -1,9 +1,9 @@
 """The package's rooms import downhill and nothing imports in a circle.
 
 Order: ``vla_rl.cli`` -> the rooms (``rl``, ``eval``, ``data``, ``interop``, ``distributed``, ``sft``, ``demo``)
--> the plumbing (``config``, ``checkpoint``, ``outputs``, ``env_factory``) -> ``envs`` -> ``policies``. Imports
-inside functions count too: a lazy import that closes a circle is still a circle. The modules are read as source
-(nothing is imported), so optional simulators need not be installed.
+-> the plumbing (``config``, ``checkpoint``, ``outputs``, ``env_factory``, ``progress``, ``threads``) -> ``envs``
+-> ``policies``. Imports inside functions count too: a lazy import that closes a circle is still a circle. The
+modules are read as source (nothing is imported), so optional simulators need not be installed.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = {"vla_rl": ROOT / "vla_rl", "vla_rl.envs": ROOT / "envs", "vla_rl.policies": ROOT / "policies"}
 ROOMS = ("vla_rl.rl", "vla_rl.eval", "vla_rl.data", "vla_rl.interop", "vla_rl.distributed", "vla_rl.sft", "vla_rl.demo")
-PLUMBING = ("vla_rl.config", "vla_rl.checkpoint", "vla_rl.outputs", "vla_rl.env_factory")
+PLUMBING = ("vla_rl.config", "vla_rl.checkpoint", "vla_rl.outputs", "vla_rl.env_factory", "vla_rl.progress",
+            "vla_rl.threads")
 
 
 def module_files() -> dict[str, Path]:

@@ -79,6 +79,25 @@ def test_gpu_backend_on_a_cpu_device_is_an_error():
 
 
 @sim
+def test_gpu_env_renders_the_frames_asked_for_videos():
+    """ManiSkill renders all GPU envs at once; ``render_frames`` hands out the asked ones (the video recorder of a
+    state-observation evaluation uses it), and refuses an index out of range."""
+    from vla_rl.envs.maniskill import ManiSkillGPUEnv
+
+    class Rendering:
+        def render(self):
+            return torch.arange(3, dtype=torch.uint8).reshape(3, 1, 1, 1).expand(3, 4, 6, 3)
+
+    env = ManiSkillGPUEnv.__new__(ManiSkillGPUEnv)   # no simulator: only the frames' bookkeeping is tested
+    env.env = Rendering()
+    env.spec = type("Spec", (), {"num_envs": 3})()
+    frames = env.render_frames([2, 0])
+    assert [f.shape for f in frames] == [(4, 6, 3)] * 2 and [int(f[0, 0, 0]) for f in frames] == [2, 0]
+    with pytest.raises(IndexError, match="env index 3 out of range for 3 envs"):
+        env.render_frames([3])
+    env.env = None
+
+
 def test_missing_physx_gpu_library_gets_an_error_naming_file_and_place(monkeypatch):
     ensure_vulkan()
     import sapien.physx

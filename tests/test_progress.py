@@ -107,10 +107,13 @@ def test_eval_reports_episodes_as_they_end(tmp_path, capsys, every_update):
 def test_auto_threads_leave_one_core_per_worker_process():
     from vla_rl.threads import policy_threads, torch_threads
 
-    assert policy_threads("auto", worker_processes=0, cores=8) == 8
-    assert policy_threads("auto", worker_processes=6, cores=8) == 2
-    assert policy_threads("auto", worker_processes=2, cores=2) == 1    # never 0
+    none = {}   # no OMP_NUM_THREADS
+    assert policy_threads("auto", worker_processes=0, cores=8, environ=none) == 8
+    assert policy_threads("auto", worker_processes=6, cores=8, environ=none) == 2
+    assert policy_threads("auto", worker_processes=2, cores=2, environ=none) == 1    # never 0
     assert policy_threads(3, worker_processes=2, cores=2) == 3         # a number is used as given
+    assert policy_threads("auto", cores=8, environ={"OMP_NUM_THREADS": "1"}) == 1   # the variable keeps its meaning
+    assert policy_threads("auto", cores=8, environ={"OMP_NUM_THREADS": "x"}) == 8
     with pytest.raises(ValueError, match="threads must be 'auto' or an integer >= 1, got 0"):
         policy_threads(0)
     before = torch.get_num_threads()
@@ -134,7 +137,7 @@ def test_threads_is_a_range_checked_field_of_the_job_configs():
             from_dict(cls, {"threads": "all"})
 
 
-def test_a_trainer_sets_its_threads_and_gives_the_previous_count_back(tmp_path):
+def test_a_trainer_sets_its_threads_and_gives_the_previous_count_back(tmp_path, monkeypatch):
     """The built-in env has no worker processes: ``auto`` is every core; a number is used; ``close`` restores
     the count the process had."""
     from vla_rl.config import from_dict
@@ -143,6 +146,7 @@ def test_a_trainer_sets_its_threads_and_gives_the_previous_count_back(tmp_path):
 
     cfg = {"env": {"num_envs": 2}, "iterations": 0, "eval_episodes": 2, "tensorboard": False, "progress": False,
            "model": "tiny"}
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     before = torch.get_num_threads()
     with Trainer(from_dict(TrainConfig, {**cfg, "out": str(tmp_path / "a")}), log=lambda *_: None) as t:
         assert t.threads == available_cores() == torch.get_num_threads()

@@ -73,6 +73,40 @@ def test_worker_that_fails_at_start_reports_its_traceback():
         WorkerVectorEnv(_broken_factory, 1)
 
 
+def _chatty_factory():
+    """A simulator that talks at start-up as robosuite / LIBERO / gymnasium do: stdout, a Python warning, log
+    records at WARNING and ERROR."""
+    import logging
+    import warnings
+
+    print("chatty: hello from a simulator", flush=True)
+    warnings.warn("chatty: a deprecation", UserWarning, stacklevel=1)
+    logging.getLogger("chatty").warning("chatty: no private macro file")
+    logging.getLogger("chatty").error("chatty: an error")
+    return ColorReachSingleEnv(SHORT)
+
+
+def test_start_up_chatter_is_shown_by_one_worker_errors_by_all(capfd, monkeypatch):
+    """Worker 0 of the first pool of a name shows its simulator's start-up output; its siblings and later pools
+    of that name drop warnings, info and stdout, but not errors; VLA_RL_WORKER_OUTPUT=all shows every worker's."""
+    def counts():
+        out, err = capfd.readouterr()
+        text = out + err
+        return [text.count(m) for m in ("chatty: hello", "UserWarning: chatty: a deprecation",
+                                        "chatty: no private macro", "chatty: an error")]
+
+    with WorkerVectorEnv(_chatty_factory, 2, name="chatty-test"):
+        pass
+    assert counts() == [1, 1, 1, 2]
+    with WorkerVectorEnv(_chatty_factory, 1, name="chatty-test"):   # e.g. a training's separate evaluation env
+        pass
+    assert counts() == [0, 0, 0, 1]
+    monkeypatch.setenv("VLA_RL_WORKER_OUTPUT", "all")
+    with WorkerVectorEnv(_chatty_factory, 2, name="chatty-test"):
+        pass
+    assert counts() == [2, 2, 2, 2]
+
+
 def test_workers_exit_when_their_parent_is_killed(tmp_path):
     """A run killed with SIGKILL (no chance to close its pool) must not leave simulator processes behind,
     even when another process still holds the pipes' parent ends (here a forked child of the run, as a

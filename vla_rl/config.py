@@ -66,7 +66,7 @@ def _check_value(tp: Any, value: Any, key: str) -> Any:
                 return _check_value(arm, value, key)
             except ConfigError:
                 pass  # try the next arm
-        raise ConfigError(f"{key}: {value!r} does not match {tp}")
+        raise ConfigError(f"{key}: {value!r} is not {' or '.join(_describe(a) for a in get_args(tp))}")
     if origin in (tuple, list):
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {type(value).__name__}")
@@ -106,6 +106,21 @@ def _check_value(tp: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a string, got {value!r}")
         return value
     raise ConfigError(f"{key}: unsupported config type {tp}")
+
+
+def _describe(tp: Any) -> str:
+    """What a value of type ``tp`` looks like, for error messages (``int | Literal["auto"]``: "an integer or
+    'auto'")."""
+    if tp is type(None):
+        return "null"
+    if get_origin(tp) is Literal:
+        return " or ".join(repr(a) for a in get_args(tp))
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    if get_origin(tp) in (list, tuple):
+        return "a list"
+    return {bool: "true/false", int: "an integer", float: "a number", str: "a string", dict: "a mapping"}.get(
+        get_origin(tp) or tp, str(tp))
 
 
 def from_dict(cls: type[T], data: dict, *, prefix: str = "") -> T:

@@ -3,7 +3,8 @@ configs).
 
 Env worker processes (ManiSkill on CPU, LIBERO) each step their simulator with one torch thread (they set it
 themselves). ``threads: auto`` gives the policy process the cores left after one per local worker process, at
-least one; a number is used as given. Why: torch's default is one thread per core in *every* process, so a
+least one, unless ``OMP_NUM_THREADS`` is set (then that count: the variable keeps its usual meaning); a number is
+used as given. Why: torch's default is one thread per core in *every* process, so a
 policy beside one worker per core asks for twice the cores there are, and torch's threads spin-wait for each
 other (an SFT on 2 cores ran 5-10x slower next to a training's workers).
 """
@@ -28,10 +29,15 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def policy_threads(setting: Threads, *, worker_processes: int = 0, cores: int | None = None) -> int:
-    """The torch threads of the policy process: ``setting`` itself, or for ``"auto"`` the ``cores`` (default
+def policy_threads(setting: Threads, *, worker_processes: int = 0, cores: int | None = None,
+                   environ: dict | None = None) -> int:
+    """The torch threads of the policy process: ``setting`` itself, or for ``"auto"`` a positive integer
+    ``OMP_NUM_THREADS`` of ``environ`` (default ``os.environ``), else the ``cores`` (default
     :func:`available_cores`) left after one per worker process, at least 1."""
     if setting == "auto":
+        omp = (os.environ if environ is None else environ).get("OMP_NUM_THREADS", "").strip()
+        if omp.isdigit() and int(omp) > 0:
+            return int(omp)
         cores = available_cores() if cores is None else cores
         return max(1, cores - worker_processes)
     if isinstance(setting, bool) or not isinstance(setting, int) or setting < 1:
