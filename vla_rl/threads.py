@@ -4,9 +4,8 @@ configs).
 Env worker processes (ManiSkill on CPU, LIBERO) each step their simulator with one torch thread (they set it
 themselves). ``threads: auto`` gives the policy process the cores left after one per local worker process, at
 least one, unless ``OMP_NUM_THREADS`` is set (then that count: the variable keeps its usual meaning); a number is
-used as given. Why: torch's default is one thread per core in *every* process, so a
-policy beside one worker per core asks for twice the cores there are, and torch's threads spin-wait for each
-other (an SFT on 2 cores ran 5-10x slower next to a training's workers).
+used as given. Why: torch's default is one thread per core in *every* process, so a policy beside one worker
+per core asks for twice the cores there are, and torch's threads spin-wait for each other.
 """
 
 from __future__ import annotations
