@@ -12,19 +12,20 @@ Only the simulators are timed (no policy).
     python benchmarks/bench_ray.py --env builtin --envs 16 --workers 1,2,4 --seconds 5 --repeats 5
     python benchmarks/bench_ray.py --env maniskill --envs 16 --workers 1,2,4 --seconds 5 --repeats 5
 
-``--train``: time training iterations of the ``builtin_flow_noise`` preset (a fresh ``tiny`` policy, 64 envs),
-the median ``time/iteration_s`` of iterations 2 to N-1 (the last one also evaluates), for each placement below;
+``--train``: time training iterations of the ``builtin_flow_noise`` preset (a fresh ``tiny`` policy, ``--envs`` envs),
+the medians of ``time/iteration_s`` and of the rollout's part of it over iterations 2 to N-1 (the last one also
+evaluates), for each placement below;
 ``--repeats`` runs of every mode, interleaved. On the CPU (``--device cpu``): the update in this process (local),
 in one Ray learner, and in two data-parallel Ray learners (gloo). On a GPU (``--device cuda``, needs one GPU):
 local; colocated (the batched built-in task on the policy's GPU, one learner actor sharing that GPU); and
 disaggregated (the envs as single envs in 4 CPU env actors, one learner actor holding a whole GPU).
 
-    python benchmarks/bench_ray.py --train --iterations 6 --repeats 2
-    python benchmarks/bench_ray.py --train --device cuda --iterations 12 --repeats 3
+    python benchmarks/bench_ray.py --train --envs 16 --iterations 6 --repeats 3
+    python benchmarks/bench_ray.py --train --device cuda --envs 256 --iterations 12 --repeats 3
 
 Ray is started as a run starts a private instance (:func:`vla_rl.distributed.runtime.connect`: the actors at this
 process's priority, not Ray's default of 15 nice levels lower; ``RAY_worker_niceness=15`` in the environment
-measures that default), with ``max(workers)`` logical CPUs (envs) or 2 (training), so that every actor holds a
+measures that default), with ``max(workers)`` logical CPUs (envs; 2 for CPU training), so that every actor holds a
 whole CPU slot whatever the machine has; what the actors can use is the machine's cores.
 """
 
@@ -136,7 +137,7 @@ def train_modes(device: str) -> dict[str, dict]:
                                           "env_actors": 4, "learners": 1, "learner_gpus": 1.0}}}
 
 
-def train_rows(iterations: int, device: str, repeats: int) -> list[dict]:
+def train_rows(iterations: int, device: str, repeats: int, envs: int) -> list[dict]:
     import tempfile
 
     from vla_rl.config import from_dict, merge, preset_path, read_yaml
@@ -145,23 +146,29 @@ def train_rows(iterations: int, device: str, repeats: int) -> list[dict]:
     if iterations < 4:
         raise SystemExit("--iterations must be at least 4 (iterations 2 to N-1 are timed)")
     modes = train_modes(device)
+    if device == "cpu":
+        # One torch thread here, as in each learner actor (learner_cpus 1): the same compute per process in every
+        # mode. On shared cores two OpenMP threads spin-wait for each other: an iteration took 4x as long.
+        torch.set_num_threads(1)
     times: dict[str, list[float]] = {name: [] for name in modes}
-    steps: dict[str, list[float]] = {name: [] for name in modes}
+    rollouts: dict[str, list[float]] = {name: [] for name in modes}
     for _ in range(repeats):
         for name, over in modes.items():
             with tempfile.TemporaryDirectory() as out:
                 base = read_yaml(preset_path("experiment", "builtin_flow_noise"))
                 cfg = from_dict(TrainConfig, merge(base, {"init": None, "iterations": iterations, "device": device,
-                                                          "eval_every": 1000, "eval_episodes": 64, "out": out,
+                                                          "env": {"num_envs": envs},
+                                                          "eval_every": 1000, "eval_episodes": envs, "out": out,
                                                           "progress": False, "tensorboard": False, **over}))
-                with Trainer(cfg, log=lambda *_: None) as trainer:
+                with Trainer(cfg, log=lambda *_: None) as trainer:   # a ray mode starts and stops its own Ray
                     history = trainer.run()
             timed = [h for h in history if 2 <= h["iteration"] < iterations]
             times[name].append(statistics.median(h["time/iteration_s"] for h in timed))
-            steps[name].append(statistics.median(h["time/env_steps_iter"] / h["time/iteration_s"] for h in timed))
-            print({"mode": name, "iteration_s": times[name][-1], "env_steps_per_s": steps[name][-1]}, flush=True)
+            rollouts[name].append(statistics.median(h["time/env_steps_iter"] / h["time/env_steps_per_s"]
+                                                    for h in timed))
+            print({"mode": name, "iteration_s": times[name][-1], "rollout_s": rollouts[name][-1]}, flush=True)
     return [{"mode": name, "iteration_s": statistics.median(times[name]),
-             "env_steps_per_s": statistics.median(steps[name])} for name in modes]
+             "rollout_s": statistics.median(rollouts[name])} for name in modes]
 
 
 def main() -> None:
@@ -182,15 +189,15 @@ def main() -> None:
     if args.train:
         if args.device == "cuda" and not torch.cuda.is_available():
             raise SystemExit("--device cuda: no CUDA device")
-        rows = train_rows(args.iterations, args.device, args.repeats)
+        rows = train_rows(args.iterations, args.device, args.repeats, args.envs)
         local = rows[0]["iteration_s"]
-        print(f"\nbuiltin_flow_noise, fresh tiny policy, 64 envs, {args.device}, {cores} CPU cores, "
+        print(f"\nbuiltin_flow_noise, fresh tiny policy, {args.envs} envs, {args.device}, {cores} CPU cores, "
               f"load average {load:.1f} -> {os.getloadavg()[0]:.1f}; medians of {args.repeats} run(s)")
-        print("| placement | s / iteration | env-steps/s | vs local |")
-        print("|---|---|---|---|")
+        print("| placement | s / iteration | rollout s | rest (update, weight sync) s | vs local |")
+        print("|---|---|---|---|---|")
         for r in rows:
-            print(f"| {r['mode']} | {r['iteration_s']:.2f} | {r['env_steps_per_s']:.0f} "
-                  f"| {r['iteration_s'] / local:.2f} |")
+            print(f"| {r['mode']} | {r['iteration_s']:.2f} | {r['rollout_s']:.2f} | "
+                  f"{r['iteration_s'] - r['rollout_s']:.2f} | {r['iteration_s'] / local:.2f} |")
         return
 
     import ray
