@@ -42,8 +42,8 @@ import numpy as np
 
 from ..policies.ranges import check_ranges, nonneg, ranged
 from .base import EnvSpec
+from .cache import cache_dir
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 SETUP_HINT = "run `PY=.venv/bin/python bash scripts/setup_libero.sh` (or `make sims`) to install LIBERO"
 
 # Official per-suite step limits (openpi / OpenVLA LIBERO evaluation).
@@ -68,10 +68,11 @@ def setup_libero_env_vars() -> Path:
 
     Must run before ``import libero.libero`` (which prompts on stdin without a config) and before
     mujoco / robosuite are imported (they read ``MUJOCO_GL`` once). The default config folder is
-    ``<repo>/.cache/libero``, written by ``scripts/setup_libero.sh``.
+    ``libero/`` in :func:`~vla_rl.envs.cache.cache_dir` (``<repo>/.cache`` in a checkout), written by
+    ``scripts/setup_libero.sh``.
     """
     os.environ.setdefault("MUJOCO_GL", "egl")
-    os.environ.setdefault("LIBERO_CONFIG_PATH", str(REPO_ROOT / ".cache" / "libero"))
+    os.environ.setdefault("LIBERO_CONFIG_PATH", str(cache_dir() / "libero"))
     return Path(os.environ["LIBERO_CONFIG_PATH"])
 
 

@@ -37,11 +37,13 @@ from torch import Tensor
 
 from ..policies.ranges import check_ranges, ranged
 from .base import ChunkStep, EnvSpec, EpisodeTracker, check_action_chunk
+from .cache import cache_dir, checkout_root
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-LAVAPIPE_ICD = REPO_ROOT / ".cache" / "mesa25" / "lvp_icd.x86_64.json"
+LAVAPIPE_ICD = cache_dir() / "mesa25" / "lvp_icd.x86_64.json"
 SETUP_HINT = ("run `make sims` (or `PY=.venv/bin/python bash scripts/setup_maniskill.sh`) to install "
-              "mani-skill 3.0.1 / sapien 3.0.3 and the Mesa 25 lavapipe Vulkan driver")
+              "mani-skill 3.0.1 / sapien 3.0.3 and the Mesa 25 lavapipe Vulkan driver"
+              + ("" if checkout_root() else f" (an installed package looks for it under {cache_dir()}: run the "
+                 "script with VLA_RL_CACHE set to that folder)"))
 NVIDIA_ICDS = ("/usr/share/vulkan/icd.d/nvidia_icd.json", "/etc/vulkan/icd.d/nvidia_icd.json")
 
 INSTRUCTIONS = {

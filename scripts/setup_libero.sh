@@ -35,7 +35,7 @@ fi
 [[ -x "$PY" ]] || { echo "setup_libero: interpreter not found: $PY" >&2; exit 1; }
 cd "$ROOT"
 
-CACHE="$ROOT/.cache/libero"
+CACHE="${VLA_RL_CACHE:-$ROOT/.cache}/libero"
 mkdir -p "$CACHE/datasets"
 CONSTRAINTS="$CACHE/constraints.txt"
 # numpy<2 / opencv-python<4.12: the same venv holds ManiSkill, whose mplib 0.1.1 segfaults with numpy 2

@@ -10,6 +10,8 @@
 #
 # Usage: PY=.venv/bin/python bash scripts/setup_maniskill.sh
 # Env:   PY          python interpreter of the target venv (default: <repo>/.venv/bin/python)
+#        VLA_RL_CACHE  folder for the driver (default: <repo>/.cache; an installed package reads
+#                    $VLA_RL_CACHE or ~/.cache/vla-rl)
 #        SKIP_APT=1  skip the apt-get install step
 #        SKIP_PIP=1  skip the pip step
 set -euo pipefail
@@ -17,7 +19,7 @@ set -euo pipefail
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "$SCRIPT_DIR/.." && pwd)"
 PY="${PY:-$REPO_ROOT/.venv/bin/python}"
-MESA_DIR="$REPO_ROOT/.cache/mesa25"
+MESA_DIR="${VLA_RL_CACHE:-$REPO_ROOT/.cache}/mesa25"
 MESA_VERSION_PREFIX="25."
 ICD_SRC="$MESA_DIR/usr/share/vulkan/icd.d/lvp_icd.json"
 ICD_OUT="$MESA_DIR/lvp_icd.x86_64.json"

@@ -6,24 +6,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from helpers import perturbed_model
 
 from vla_rl.checkpoint import save_policy
-from vla_rl.config import policy_preset
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 
 BUILTIN_META = {"env": {"name": "builtin/color_reach", "state_dim": 4, "action_dim": 2},
                 "env_config": {"kind": "builtin"}, "sft": {"execute": 4, "num_steps": 3}}
-
-
-def perturbed_model(preset: str = "tiny", overrides: dict | None = None, seed: int = 0) -> FlowPolicy:
-    """A policy with every parameter perturbed (zero-initialised parts such as adaRMS gates then matter)."""
-    torch.manual_seed(seed)
-    model = FlowPolicy(policy_preset(preset, overrides))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return model.eval()
 
 
 def norm_stats(state_dim: int, action_dim: int, *, action_scale: float = 2.0, seed: int = 0) -> NormStats:

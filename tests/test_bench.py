@@ -6,6 +6,7 @@ import math
 import os
 
 import pytest
+from helpers import SKIP_SIMULATORS as SKIP
 
 from vla_rl.checkpoint import save_policy
 from vla_rl.cli import main
@@ -20,8 +21,6 @@ from vla_rl.eval.bench import (
 )
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
-
-SKIP = os.environ.get("VLA_RL_SKIP_SIMULATORS") == "1"
 
 
 def test_suite_names():

@@ -115,3 +115,21 @@ def test_a_built_wheel_carries_the_presets(tmp_path):
                          check=True, capture_output=True, text=True).stdout.split()
     assert Path(out[0]) == tmp_path / "site" / "vla_rl" / "configs" / "experiment" / "builtin_flow_sde.yaml"
     assert out[1] == "3"
+    # The simulators' setup files are looked for outside site-packages: $VLA_RL_CACHE, else ~/.cache/vla-rl.
+    probe = ("from vla_rl.envs.maniskill import LAVAPIPE_ICD; from vla_rl.envs.libero import setup_libero_env_vars; "
+             "print(LAVAPIPE_ICD); print(setup_libero_env_vars())")
+    home = {"PYTHONPATH": str(tmp_path / "site"), "HOME": str(tmp_path / "home")}
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=home, check=True, capture_output=True,
+                         text=True).stdout.split()
+    assert out == [str(tmp_path / "home" / ".cache" / "vla-rl" / "mesa25" / "lvp_icd.x86_64.json"),
+                   str(tmp_path / "home" / ".cache" / "vla-rl" / "libero")]
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={**home, "VLA_RL_CACHE": "/opt/c"},
+                         check=True, capture_output=True, text=True).stdout.split()
+    assert out == ["/opt/c/mesa25/lvp_icd.x86_64.json", "/opt/c/libero"]
+    # `python -m pytest` from the checkout's root imports the checkout's vla_rl (first on sys.path) beside an
+    # installed one; its envs / policies / presets then come from the checkout too.
+    probe = ("import vla_rl.envs.base, vla_rl.policies.flow, vla_rl.config as c; "
+             "print(vla_rl.envs.base.__file__); print(vla_rl.policies.flow.__file__); print(c.CONFIG_DIR)")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=root, env=home, check=True, capture_output=True,
+                         text=True).stdout.split()
+    assert out == [str(root / "envs" / "base.py"), str(root / "policies" / "flow.py"), str(root / "configs")]

@@ -13,5 +13,6 @@ def test_demo_runs_sft_then_rl_then_evaluates(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "ODE (deterministic)" in text and "Flow-Noise" in text
     assert "SFT " in text and "-> after RL" in text
-    load_policy(out / "sft")
+    model, norm, _ = load_policy(out / "sft")
+    assert (norm.state.mean.shape[0], norm.action.mean.shape[0]) == (4, 2)   # the built-in task's state / action
     assert (out / "rl" / "checkpoints" / "iter_000001" / "model.safetensors").is_file()

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import needs_simulator
 
 import vla_rl
 from vla_rl.checkpoint import CheckpointError, NonFiniteError, read_tensors, save_policy
@@ -754,9 +755,7 @@ def test_training_survives_a_worker_killed_mid_run(sft, tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------------------------------
 # 9. One bad ManiSkill demonstration is dropped and reported; the collection goes on and keeps its work
 # ----------------------------------------------------------------------------------------------------
-needs_maniskill = pytest.mark.skipif(importlib.util.find_spec("mani_skill") is None
-                                     and os.environ.get("VLA_RL_SKIP_SIMULATORS") == "1",
-                                     reason="ManiSkill not installed and VLA_RL_SKIP_SIMULATORS=1")
+needs_maniskill = needs_simulator("mani_skill", "ManiSkill")
 
 
 def test_the_replay_shim_discards_a_failed_replay_before_the_next_episode():

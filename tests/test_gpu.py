@@ -9,8 +9,7 @@ observations, rollouts and updates never leaving the device.
 import pytest
 import torch
 from contract import check_env_contract
-from test_model import make_obs, randomized
-from test_trainer import config, sft_checkpoint  # noqa: F401  (a fixture)
+from helpers import make_obs, perturbed_model, train_config
 
 from vla_rl.envs.builtin import ColorReachEnv
 from vla_rl.policies import flow
@@ -37,8 +36,8 @@ def to(obs: dict, device) -> dict:
 
 @pytest.mark.parametrize("name", ["tiny", "tiny_pi05"])
 def test_policy_on_cuda_matches_cpu(name):
-    cpu = randomized(name)
-    gpu = randomized(name).cuda()
+    cpu = perturbed_model(name)
+    gpu = perturbed_model(name).cuda()
     cfg = cpu.cfg
     obs = make_obs(cfg, 6)
     x_t = torch.randn(6, cfg.action_horizon, cfg.action_dim)
@@ -52,7 +51,7 @@ def test_policy_on_cuda_matches_cpu(name):
 
 
 def test_cached_equals_uncached_on_cuda():
-    model = randomized("tiny").cuda()
+    model = perturbed_model("tiny").cuda()
     cfg = model.cfg
     obs = to(make_obs(cfg, 5), "cuda")
     x_t = torch.randn(5, cfg.action_horizon, cfg.action_dim, device="cuda")
@@ -65,7 +64,7 @@ def test_cached_equals_uncached_on_cuda():
 
 @pytest.mark.parametrize("method", ["noise", "sde"])
 def test_recomputed_log_prob_equals_sampling_time_on_cuda(method):
-    model = randomized("tiny").cuda()
+    model = perturbed_model("tiny").cuda()
     cfg = model.cfg
     obs = to(make_obs(cfg, 8), "cuda")
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -87,7 +86,7 @@ def test_builtin_env_on_cuda_passes_the_contract():
     assert obs["images"].device.type == "cuda" and obs["state"].device.type == "cuda"
 
 
-def test_rollout_stays_on_the_device(sft_checkpoint):  # noqa: F811
+def test_rollout_stays_on_the_device(sft_checkpoint):
     from vla_rl.checkpoint import load_policy
 
     model, norm, _ = load_policy(sft_checkpoint, device="cuda")
@@ -102,9 +101,9 @@ def test_rollout_stays_on_the_device(sft_checkpoint):  # noqa: F811
 
 
 @pytest.mark.parametrize("bf16", [False, True])
-def test_trainer_runs_and_resumes_on_cuda(sft_checkpoint, tmp_path, bf16):  # noqa: F811
+def test_trainer_runs_and_resumes_on_cuda(sft_checkpoint, tmp_path, bf16):
     out = tmp_path / "run"
-    trainer = Trainer(config(sft_checkpoint, out, device="cuda", bf16=bf16))
+    trainer = Trainer(train_config(sft_checkpoint, out, device="cuda", bf16=bf16))
     history = trainer.run()
     assert trainer.env.reset(seed=0)["state"].device.type == "cuda"
     last = history[-1]

@@ -6,10 +6,10 @@ and a camera step ~0.5 s on a CPU, so the default suite keeps one module-scoped 
 """
 
 import math
-import os
 
 import numpy as np
 import pytest
+from helpers import SKIP_SIMULATORS as SKIP
 
 from vla_rl.envs.libero import (
     SUITE_MAX_STEPS,
@@ -21,7 +21,6 @@ from vla_rl.envs.libero import (
     quat_to_axis_angle,
 )
 
-SKIP = os.environ.get("VLA_RL_SKIP_SIMULATORS") == "1"
 needs_libero = pytest.mark.skipif(SKIP, reason="VLA_RL_SKIP_SIMULATORS=1")
 INSTRUCTION = "pick up the black bowl between the plate and the ramekin and place it on the plate"
 

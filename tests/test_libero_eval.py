@@ -7,11 +7,11 @@ episodes 12 steps, so the module takes well under a minute of simulation on a CP
 """
 
 import json
-import os
 
 import numpy as np
 import pytest
 import torch
+from helpers import SKIP_SIMULATORS as SKIP
 
 from vla_rl.checkpoint import CheckpointError, save_policy
 from vla_rl.cli import main
@@ -22,7 +22,6 @@ from vla_rl.eval.libero import libero_env_config
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 
-SKIP = os.environ.get("VLA_RL_SKIP_SIMULATORS") == "1"
 needs_libero = pytest.mark.skipif(SKIP, reason="VLA_RL_SKIP_SIMULATORS=1")
 SMALL = {"depth": 1, "vision": {"depth": 1, "image_size": 32}, "prefix": {"width": 32, "mlp_dim": 64},
          "expert": {"width": 32, "mlp_dim": 64}}

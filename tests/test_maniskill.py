@@ -4,7 +4,6 @@ ManiSkill must be installed (`make sims`): without it these tests fail, unless V
 Envs are shared per module: creating one costs seconds, the first camera image of a process ~10 s.
 """
 
-import importlib.util
 import os
 import sys
 
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from contract import check_env_contract
+from helpers import needs_simulator
 
 from vla_rl.envs.maniskill import (
     INSTRUCTIONS,
@@ -24,9 +24,7 @@ from vla_rl.envs.maniskill import (
     make_maniskill_env,
 )
 
-SKIP = os.environ.get("VLA_RL_SKIP_SIMULATORS") == "1"
-sim = pytest.mark.skipif(SKIP and importlib.util.find_spec("mani_skill") is None,
-                         reason="ManiSkill not installed and VLA_RL_SKIP_SIMULATORS=1")
+sim = needs_simulator("mani_skill", "ManiSkill")
 
 
 @pytest.fixture(scope="module")

@@ -4,15 +4,13 @@ Needs ManiSkill + mplib (`make sims`); without them these tests fail, unless VLA
 One module-scoped collection of 2 PushCube demos (~20 s) serves every test.
 """
 
-import importlib.util
 import json
-import os
 from dataclasses import replace
 
-import h5py
 import numpy as np
 import pytest
 import torch
+from helpers import needs_simulator, simulator_import
 
 from vla_rl.checkpoint import load_policy
 from vla_rl.cli import main
@@ -27,9 +25,8 @@ from vla_rl.data.maniskill_demos import (
     reobserve_first_frames,
 )
 
-SKIP = os.environ.get("VLA_RL_SKIP_SIMULATORS") == "1"
-pytestmark = pytest.mark.skipif(SKIP and importlib.util.find_spec("mani_skill") is None,
-                                reason="ManiSkill not installed and VLA_RL_SKIP_SIMULATORS=1")
+h5py = simulator_import("h5py")
+pytestmark = needs_simulator("mani_skill", "ManiSkill")
 
 
 @pytest.fixture(scope="module")

@@ -2,39 +2,18 @@
 
 import pytest
 import torch
+from helpers import make_obs, perturbed_model
 
 from vla_rl.config import ConfigError, policy_preset
 from vla_rl.policies import flow
-from vla_rl.policies.config import PolicyConfig
 from vla_rl.policies.model import FlowPolicy, count_parameters
 
 PRESETS = ["tiny", "tiny_pi05"]
 
 
-def make_obs(cfg: PolicyConfig, n: int, seed: int = 0, size: int | None = None) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    size = size or cfg.vision.image_size
-    words = ["pick up the red cube", "push the blue block to the left", "open the drawer", "go"]
-    return {
-        "images": torch.randint(0, 256, (n, cfg.num_cameras, size, size, 3), dtype=torch.uint8, generator=g),
-        "state": torch.randn(n, cfg.state_dim, generator=g) * 0.5,
-        "instruction": [words[i % len(words)] for i in range(n)],
-    }
-
-
-def randomized(name: str) -> FlowPolicy:
-    """A policy with every parameter perturbed, so zero-initialised parts (adaRMS gates) are exercised."""
-    torch.manual_seed(0)
-    model = FlowPolicy(policy_preset(name))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return model.eval()
-
-
 @pytest.mark.parametrize("name", PRESETS)
 def test_cached_prefix_equals_uncached_joint_pass(name):
-    model = randomized(name)
+    model = perturbed_model(name)
     cfg = model.cfg
     obs = make_obs(cfg, 5)
     x_t = torch.randn(5, cfg.action_horizon, cfg.action_dim)
@@ -51,7 +30,7 @@ def test_cached_prefix_equals_uncached_joint_pass(name):
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_cached_sampler_equals_uncached_sampler(name):
-    model = randomized(name)
+    model = perturbed_model(name)
     cfg = model.cfg
     obs = make_obs(cfg, 3)
     noise = torch.randn(3, cfg.action_horizon, cfg.action_dim)
@@ -69,7 +48,7 @@ def test_cached_sampler_equals_uncached_sampler(name):
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_action_tokens_never_change_prefix_outputs(name):
-    model = randomized(name)
+    model = perturbed_model(name)
     cfg = model.cfg
     obs = make_obs(cfg, 2)
     with torch.no_grad():
@@ -80,7 +59,7 @@ def test_action_tokens_never_change_prefix_outputs(name):
 
 
 def test_padding_tokens_do_not_leak_into_outputs():
-    model = randomized("tiny")
+    model = perturbed_model("tiny")
     cfg = model.cfg
     obs = make_obs(cfg, 1)
     prepared = model.prepare(obs)
@@ -94,7 +73,7 @@ def test_padding_tokens_do_not_leak_into_outputs():
 
 
 def test_instruction_changes_the_velocity():
-    model = randomized("tiny")
+    model = perturbed_model("tiny")
     cfg = model.cfg
     obs = make_obs(cfg, 1)
     x_t, t = torch.randn(1, cfg.action_horizon, cfg.action_dim), torch.rand(1)
@@ -106,7 +85,7 @@ def test_instruction_changes_the_velocity():
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_noise_std_is_bounded(name):
-    model = randomized(name)
+    model = perturbed_model(name)
     cfg = model.cfg
     with torch.no_grad():
         model.noise_head.weight.mul_(100.0)  # push tanh into saturation on both sides
@@ -119,7 +98,7 @@ def test_noise_std_is_bounded(name):
 @pytest.mark.parametrize("name", PRESETS)
 def test_parameter_groups_are_what_the_prefix_and_the_value_read(name):
     """The prefix group is exactly the parameters the prefix's outputs depend on; the value group is the head."""
-    model = randomized(name)
+    model = perturbed_model(name)
     groups = model.parameter_groups()
     names = [n for n, _ in model.named_parameters()]
     assert sorted(n for g in groups.values() for n in g) == sorted(names)   # a partition
@@ -150,7 +129,7 @@ def test_value_head_source_and_stop_gradient(source):
 
 
 def test_model_flow_log_prob_recompute_is_ratio_one():
-    model = randomized("tiny")
+    model = perturbed_model("tiny")
     cfg = model.cfg
     obs = make_obs(cfg, 6)
     with torch.no_grad():
@@ -165,7 +144,7 @@ def test_model_flow_log_prob_recompute_is_ratio_one():
 
 
 def test_images_of_other_size_are_resized():
-    model = randomized("tiny")
+    model = perturbed_model("tiny")
     obs = make_obs(model.cfg, 2, size=48)
     with torch.no_grad():
         assert model.encode_prefix(obs).hidden.shape[0] == 2
@@ -197,7 +176,7 @@ def test_real_pi0_dimensions_build_on_meta_device():
 
 
 def test_bad_observations_get_clear_errors():
-    model = randomized("tiny")
+    model = perturbed_model("tiny")
     cfg = model.cfg
     obs = make_obs(cfg, 2)
     with pytest.raises(ValueError, match=r"scaled to \[-1, 1\].*uint8"):   # 0..255 pixels as floats

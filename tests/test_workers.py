@@ -7,7 +7,7 @@ import signal
 import numpy as np
 import pytest
 import torch
-from contract import check_env_contract
+from contract import check_env_contract, check_partial_reset
 
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv, ColorReachSingleEnv
 from vla_rl.envs.workers import WorkerError, WorkerVectorEnv
@@ -17,6 +17,33 @@ SHORT = ColorReachConfig(max_episode_steps=6)
 
 def test_builtin_env_passes_the_contract():
     check_env_contract(ColorReachEnv(4, config=SHORT))
+
+
+def test_builtin_env_resets_one_env_in_place_and_leaves_the_others():
+    """Target control with long steps: env 0, sent to its goal, succeeds within a chunk or two."""
+    env = ColorReachEnv(4, config=ColorReachConfig(control="target", step_size=0.4, max_episode_steps=8))
+    check_env_contract(env, end_first=lambda e: e.goal_position()[0])
+
+
+class _EndsOnRequest(ColorReachSingleEnv):
+    """Ends its episode (a success) on an action at the upper bound, so a test can end one env's episode early
+    (the contract's random actions stay inside the bounds)."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, success = super().step(action)
+        if np.all(action >= self.spec.action_high):
+            return obs, reward, True, False, True
+        return obs, reward, terminated, truncated, success
+
+
+def test_a_partial_reset_inside_a_worker_leaves_the_envs_beside_it_untouched():
+    """Envs 0 and 1 share a worker process; env 0 ends early and is reset there while env 1 runs on."""
+    pool = WorkerVectorEnv(functools.partial(_EndsOnRequest, SHORT), 4, envs_per_worker=2, name="ends")
+    try:
+        assert check_partial_reset(pool, horizon=2,
+                                   end_first=lambda e: torch.full((e.spec.action_dim,), e.spec.action_high))
+    finally:
+        pool.close()
 
 
 @pytest.fixture

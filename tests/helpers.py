@@ -1,0 +1,74 @@
+"""Helpers shared by several test modules (fixtures live in conftest.py): small policies and observations,
+the trainer's test config, and how a test needs an optional simulator.
+
+Simulators (ManiSkill, LIBERO) and their file formats (h5py) are part of the test install, so a missing one
+fails its tests, unless ``VLA_RL_SKIP_SIMULATORS=1`` turns that into a skip.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from vla_rl.config import from_dict, policy_preset
+from vla_rl.policies.config import PolicyConfig
+from vla_rl.policies.model import FlowPolicy
+
+SKIP_SIMULATORS = os.environ.get("VLA_RL_SKIP_SIMULATORS") == "1"
+
+# A smaller `tiny`: the end-to-end trainer tests run in seconds with it.
+SMALL = {"depth": 2, "vision": {"depth": 1}, "prefix": {"width": 64, "mlp_dim": 128},
+         "expert": {"width": 64, "mlp_dim": 128}}
+
+
+def needs_simulator(module: str, name: str | None = None) -> pytest.MarkDecorator:
+    """Skip when ``module`` is not installed and ``VLA_RL_SKIP_SIMULATORS=1`` (without it, the test runs and
+    fails on the missing simulator)."""
+    missing = importlib.util.find_spec(module) is None
+    return pytest.mark.skipif(SKIP_SIMULATORS and missing,
+                              reason=f"{name or module} not installed and VLA_RL_SKIP_SIMULATORS=1")
+
+
+def simulator_import(module: str):
+    """``import module`` for a module-level import of a simulator's dependency: with
+    ``VLA_RL_SKIP_SIMULATORS=1`` a missing one skips the whole test module instead of failing its collection."""
+    if SKIP_SIMULATORS:
+        return pytest.importorskip(module)
+    return importlib.import_module(module)
+
+
+def make_obs(cfg: PolicyConfig, n: int, seed: int = 0, size: int | None = None) -> dict:
+    """``n`` random raw observations for a policy of ``cfg`` (images of ``size``, default the encoder's)."""
+    g = torch.Generator().manual_seed(seed)
+    size = size or cfg.vision.image_size
+    words = ["pick up the red cube", "push the blue block to the left", "open the drawer", "go"]
+    return {
+        "images": torch.randint(0, 256, (n, cfg.num_cameras, size, size, 3), dtype=torch.uint8, generator=g),
+        "state": torch.randn(n, cfg.state_dim, generator=g) * 0.5,
+        "instruction": [words[i % len(words)] for i in range(n)],
+    }
+
+
+def perturbed_model(preset: str = "tiny", overrides: dict | None = None, seed: int = 0) -> FlowPolicy:
+    """A policy with every parameter perturbed (zero-initialised parts such as adaRMS gates then matter)."""
+    torch.manual_seed(seed)
+    model = FlowPolicy(policy_preset(preset, overrides))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model.eval()
+
+
+def train_config(init, out, **over):
+    """A two-iteration built-in training of 8 envs from the policy folder ``init`` into ``out``."""
+    from vla_rl.rl.trainer import TrainConfig
+
+    base = {"init": str(init), "env": {"num_envs": 8, "builtin": {"max_episode_steps": 16}},
+            "rollout_chunks": 2, "execute": 8, "iterations": 2, "eval_every": 1, "eval_episodes": 8,
+            "save_every": 1, "keep_last": 5, "out": str(out), "progress": False, "tensorboard": False,
+            "ppo": {"update_epochs": 2, "minibatches": 2}}
+    return from_dict(TrainConfig, {**base, **over})
