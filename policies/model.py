@@ -489,7 +489,8 @@ class FlowPolicy(nn.Module):
             t = torch.ones(n, device=prefix.mask.device)
         return self.expert(prefix, x_t, t).value
 
-    # Which submodules make the prefix (everything :meth:`encode_prefix` runs) and the value estimate.
+    # Which submodules make the prefix (everything :meth:`encode_prefix` runs) and the value estimate. The
+    # state projection feeds the prefix, except with π0's state token in the suffix (state_input "suffix").
     PREFIX_MODULES = ("patch_embed", "vision_pos", "vision_blocks", "vision_norm", "vision_proj", "text_embed",
                       "state_proj", "state_embed", "state_dim_embed", "prefix_layers", "prefix_norm")
     VALUE_MODULES = ("value_head",)
@@ -499,10 +500,11 @@ class FlowPolicy(nn.Module):
         :meth:`named_parameters` order: ``prefix`` (the vision / text / state backbone that
         :meth:`encode_prefix` runs), ``value`` (the value head) and ``expert`` (the action expert with its
         velocity and noise heads). Every parameter is in exactly one group."""
+        prefix = set(self.PREFIX_MODULES) - ({"state_proj"} if self.cfg.state_input == "suffix" else set())
         groups: dict[str, dict[str, nn.Parameter]] = {"prefix": {}, "expert": {}, "value": {}}
         for name, p in self.named_parameters():
             top = name.split(".", 1)[0]
-            part = "prefix" if top in self.PREFIX_MODULES else "value" if top in self.VALUE_MODULES else "expert"
+            part = "prefix" if top in prefix else "value" if top in self.VALUE_MODULES else "expert"
             groups[part][name] = p
         return groups
 

@@ -3,33 +3,13 @@ noise, densities or chain (flow.denoise), through the actor and the exported pol
 
 import pytest
 import torch
+from helpers import make_obs, perturbed_model
 
-from vla_rl.config import policy_preset
 from vla_rl.policies import flow
-from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.rl.actor import Actor, SamplerConfig
 
 PRESETS = ["tiny", "tiny_pi05"]
-
-
-def randomized(name: str) -> FlowPolicy:
-    """Every parameter perturbed, so zero-initialised parts (adaRMS gates) are exercised."""
-    torch.manual_seed(0)
-    model = FlowPolicy(policy_preset(name))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return model.eval()
-
-
-def make_obs(cfg, n: int, seed: int = 0) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    size = cfg.vision.image_size
-    words = ["pick up the red cube", "push the blue block to the left", "open the drawer", "go"]
-    return {"images": torch.randint(0, 256, (n, cfg.num_cameras, size, size, 3), dtype=torch.uint8, generator=g),
-            "state": torch.randn(n, cfg.state_dim, generator=g) * 0.5,
-            "instruction": [words[i % len(words)] for i in range(n)]}
 
 
 def norm_for(cfg) -> NormStats:
@@ -40,7 +20,7 @@ def norm_for(cfg) -> NormStats:
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_actor_chunk_equals_act_for_the_ode_sampler(name):
-    model = randomized(name)
+    model = perturbed_model(name)
     actor = Actor(model, norm_for(model.cfg))
     obs = make_obs(model.cfg, 4)
     sampler = SamplerConfig(5, "ode")
@@ -51,7 +31,7 @@ def test_actor_chunk_equals_act_for_the_ode_sampler(name):
 
 
 def test_actor_chunk_with_a_stochastic_sampler_is_act():
-    model = randomized("tiny")
+    model = perturbed_model("tiny")
     actor = Actor(model, norm_for(model.cfg))
     obs = make_obs(model.cfg, 3)
     sampler = SamplerConfig(4, "sde", sde_mode="all")
@@ -63,7 +43,7 @@ def test_actor_chunk_with_a_stochastic_sampler_is_act():
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_prefix_for_sampling_has_the_same_keys_and_values(name):
-    model = randomized(name)
+    model = perturbed_model(name)
     obs = make_obs(model.cfg, 3)
     with torch.inference_mode():
         full = model.encode_prefix(obs)
@@ -78,7 +58,7 @@ def test_prefix_for_sampling_has_the_same_keys_and_values(name):
 @pytest.mark.parametrize("name", PRESETS)
 @pytest.mark.parametrize("mode", ["inference", "no_grad", "grad"])
 def test_velocity_field_equals_the_expert_velocity_bit_for_bit(name, mode):
-    model = randomized(name)
+    model = perturbed_model(name)
     cfg = model.cfg
     obs = make_obs(cfg, 3)
     scope = {"inference": torch.inference_mode, "no_grad": torch.no_grad, "grad": torch.enable_grad}[mode]
@@ -94,7 +74,7 @@ def test_velocity_field_equals_the_expert_velocity_bit_for_bit(name, mode):
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_fast_sampler_equals_reference_and_uncached_samplers(name):
-    model = randomized(name)
+    model = perturbed_model(name)
     cfg = model.cfg
     obs = make_obs(cfg, 4)
     noise = torch.randn(4, cfg.action_horizon, cfg.action_dim, generator=torch.Generator().manual_seed(2))
@@ -113,7 +93,7 @@ def test_fast_sampler_equals_reference_and_uncached_samplers(name):
 
 
 def test_prefix_value_needs_the_hidden_states():
-    model = randomized("tiny_pi05")
+    model = perturbed_model("tiny_pi05")
     assert model.cfg.value_source == "prefix"
     with torch.inference_mode():
         prefix = model.encode_prefix(make_obs(model.cfg, 2), hidden=False)

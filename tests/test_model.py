@@ -95,10 +95,11 @@ def test_noise_std_is_bounded(name):
     assert std.max() - std.min() > 0.5 * (cfg.noise_std_max - cfg.noise_std_min)
 
 
-@pytest.mark.parametrize("name", PRESETS)
-def test_parameter_groups_are_what_the_prefix_and_the_value_read(name):
+@pytest.mark.parametrize("name, overrides", [("tiny", None), ("tiny_pi05", None),
+                                             ("tiny", {"state_input": "suffix"})])
+def test_parameter_groups_are_what_the_prefix_and_the_value_read(name, overrides):
     """The prefix group is exactly the parameters the prefix's outputs depend on; the value group is the head."""
-    model = perturbed_model(name)
+    model = perturbed_model(name, overrides)
     groups = model.parameter_groups()
     names = [n for n, _ in model.named_parameters()]
     assert sorted(n for g in groups.values() for n in g) == sorted(names)   # a partition
