@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from test_model import make_obs, randomized
+from helpers import make_obs, perturbed_model
 
 from vla_rl.config import ConfigError, from_dict, policy_preset
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
@@ -61,9 +61,9 @@ def prefix_and_noise(model: FlowPolicy, n: int, seed: int = 0):
 
 def test_denoiser_options_are_checked():
     with pytest.raises(ValueError, match="compile must be one of"):
-        Denoiser(randomized("tiny"), "jit")
+        Denoiser(perturbed_model("tiny"), "jit")
     with pytest.raises(ValueError, match="max_graphs"):
-        Denoiser(randomized("tiny"), "cudagraph", max_graphs=0)
+        Denoiser(perturbed_model("tiny"), "cudagraph", max_graphs=0)
     with pytest.raises(ConfigError, match="compile"):
         from_dict(EvalConfig, {"compile": "graphs"})
     with pytest.raises(ConfigError, match="dtype"):
@@ -71,7 +71,7 @@ def test_denoiser_options_are_checked():
 
 
 def test_more_shapes_than_max_graphs_run_eagerly():
-    model = randomized("tiny")
+    model = perturbed_model("tiny")
     den = Denoiser(model, "compile", max_graphs=1)
     den._compile_failed = False
     calls = []
@@ -89,7 +89,7 @@ def test_more_shapes_than_max_graphs_run_eagerly():
 
 
 def test_cast_weights_keeps_the_norm_scales_in_float32():
-    model = randomized("tiny")
+    model = perturbed_model("tiny")
     before = {k: v.clone() for k, v in model.state_dict().items()}
     cast_weights(model, "bf16")
     assert weight_dtype(model) == "bf16"
@@ -107,7 +107,7 @@ def test_cast_weights_keeps_the_norm_scales_in_float32():
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_bf16_weights_give_the_fp32_chunk_within_tolerance(name):
-    model = randomized(name)
+    model = perturbed_model(name)
     low = cast_weights(copy.deepcopy(model), "bf16")
     with torch.inference_mode():
         full = Denoiser(model)(*prefix_and_noise(model, 4), num_steps=10)
@@ -119,7 +119,7 @@ def test_bf16_weights_give_the_fp32_chunk_within_tolerance(name):
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_euler_steps_are_flow_denoise_bit_for_bit(name):
-    model = randomized(name)
+    model = perturbed_model(name)
     with torch.inference_mode():
         prefix, noise = prefix_and_noise(model, 3)
         reference = flow.denoise(model.velocity_field(prefix), noise, num_steps=5)
@@ -131,7 +131,7 @@ def test_euler_steps_are_flow_denoise_bit_for_bit(name):
 @pytest.mark.parametrize("mode", ["cudagraph", "compile"])
 def test_fallbacks_are_the_eager_loop_bit_for_bit(mode, monkeypatch):
     """cudagraph on a CPU, a torch.compile that fails, and either under autograd: one warning, then eager."""
-    model = randomized("tiny")
+    model = perturbed_model("tiny")
     if mode == "compile":
         def broken(*args, **kwargs):
             raise RuntimeError("no compiler here")
@@ -152,7 +152,7 @@ def test_fallbacks_are_the_eager_loop_bit_for_bit(mode, monkeypatch):
 
 
 def test_actor_chunk_with_a_fallback_mode_equals_act():
-    model = randomized("tiny")
+    model = perturbed_model("tiny")
     g = torch.Generator().manual_seed(0)
     norm = NormStats(Stats.of(torch.randn(32, model.cfg.state_dim, generator=g)),
                      Stats.of(torch.randn(32, model.cfg.action_dim, generator=g)))
@@ -166,7 +166,7 @@ def test_actor_chunk_with_a_fallback_mode_equals_act():
 
 @pytest.mark.slow   # torch.compile with the C++ backend: ~90 s for the tiny preset on 2 shared cores
 def test_torch_compile_equals_eager():
-    model = randomized("tiny")
+    model = perturbed_model("tiny")
     den = Denoiser(model, "compile")
     with torch.inference_mode():
         for seed in (0, 1):   # a second prefix of the same shape reuses the compiled loop
@@ -255,7 +255,7 @@ def test_graphed_and_compiled_loops_equal_eager_on_cuda(name, mode, dtype):
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        model = cast_weights(randomized(name).cuda(), dtype)
+        model = cast_weights(perturbed_model(name).cuda(), dtype)
         den = Denoiser(model, mode)
         tol = 1e-5 if dtype == "fp32" else 2e-2   # bf16: another kernel choice may round differently
         with torch.inference_mode(), warnings.catch_warnings():
@@ -277,7 +277,7 @@ def test_actor_chunk_through_a_cuda_graph_equals_act():
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        model = randomized("tiny").cuda()
+        model = perturbed_model("tiny").cuda()
         norm = NormStats(Stats.identity(model.cfg.state_dim), Stats.identity(model.cfg.action_dim))
         obs = {k: v.cuda() if torch.is_tensor(v) else v for k, v in make_obs(model.cfg, 4).items()}
         sampler = SamplerConfig(10, "ode")
