@@ -73,8 +73,8 @@ def connect(cfg: RayConfig) -> bool:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")   # no usage reports from a training run
     if cfg.address is None:
         # Ray starts its workers 15 nice levels below the driver. A private instance's actors do the run's work,
-        # as local worker processes would: on a machine shared with other jobs they would otherwise get a
-        # fraction of the CPU local workers get (half, in benchmarks/bench_ray.py on a loaded machine).
+        # as local worker processes would: on cores kept busy by other jobs they would otherwise get less CPU
+        # than local workers get.
         os.environ.setdefault("RAY_worker_niceness", "0")
     try:
         ray.init(**init_kwargs(cfg))
