@@ -63,6 +63,41 @@ def perturbed_model(preset: str = "tiny", overrides: dict | None = None, seed: i
     return model.eval()
 
 
+def sft_policy(folder, model_overrides: dict, steps: int):
+    """Save into ``folder`` the tiny policy with ``model_overrides`` after ``steps`` SFT steps on 4 built-in
+    expert demos (seeded), and return the policy folder."""
+    from vla_rl.checkpoint import save_policy
+    from vla_rl.data.collect import collect_builtin_demos
+    from vla_rl.policies.normalize import NormStats, Stats
+    from vla_rl.rl.actor import Actor
+    from vla_rl.sft import SFTConfig, train_sft
+
+    torch.manual_seed(0)
+    data = collect_builtin_demos(4, seed=0)
+    norm = NormStats(Stats.of(data.state), Stats.of(data.action))
+    actor = Actor(FlowPolicy(policy_preset("tiny", model_overrides)), norm)
+    train_sft(actor, data, SFTConfig(steps=steps, batch_size=16), progress=False)
+    return save_policy(folder, actor.model, actor.norm)
+
+
+def step_groups_like_one_batch(grouped, reference, groups: list[range], chunk: torch.Tensor):
+    """Step ``chunk`` on ``grouped`` with every group's chunk in flight at once (what ``rollout_groups`` does) and
+    on ``reference`` as one batch; assert each env got the same results and observations. Returns
+    ``(parts, want)``: the groups' step results and the batch's."""
+    for r in groups:
+        grouped.step_async(r, chunk[r.start:r.stop])
+    parts = [grouped.step_wait(r) for r in groups]
+    want = reference.step(chunk)
+    for key in ("rewards", "steps", "terminated", "truncated", "success"):
+        assert torch.equal(torch.cat([getattr(p, key) for p in parts]), getattr(want, key)), key
+    for key, value in want.obs.items():
+        if torch.is_tensor(value):
+            assert torch.equal(torch.cat([p.obs[key] for p in parts]), value), key
+        else:
+            assert sum((list(p.obs[key]) for p in parts), []) == list(value), key
+    return parts, want
+
+
 def train_config(init, out, **over):
     """A two-iteration built-in training of 8 envs from the policy folder ``init`` into ``out``."""
     from vla_rl.rl.trainer import TrainConfig

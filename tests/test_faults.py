@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import needs_simulator
+from helpers import needs_simulator, sft_policy
 
 import vla_rl
-from vla_rl.checkpoint import CheckpointError, NonFiniteError, read_tensors, save_policy
+from vla_rl.checkpoint import CheckpointError, NonFiniteError, read_tensors
 from vla_rl.cli import main as cli_main
 from vla_rl.config import ConfigError, describe_range, from_dict
 from vla_rl.outputs import OutputExistsError
@@ -166,19 +166,7 @@ QUIET = lambda *_: None  # noqa: E731
 
 @pytest.fixture(scope="module")
 def sft(tmp_path_factory) -> Path:
-    from vla_rl.config import policy_preset
-    from vla_rl.data.collect import collect_builtin_demos
-    from vla_rl.policies.model import FlowPolicy
-    from vla_rl.policies.normalize import NormStats, Stats
-    from vla_rl.rl.actor import Actor
-    from vla_rl.sft import SFTConfig, train_sft
-
-    torch.manual_seed(0)
-    data = collect_builtin_demos(4, seed=0)
-    norm = NormStats(Stats.of(data.state), Stats.of(data.action))
-    actor = Actor(FlowPolicy(policy_preset("tiny", SMALL)), norm)
-    train_sft(actor, data, SFTConfig(steps=10, batch_size=16), progress=False)
-    return save_policy(tmp_path_factory.mktemp("sft") / "policy", actor.model, actor.norm)
+    return sft_policy(tmp_path_factory.mktemp("sft") / "policy", SMALL, steps=10)
 
 
 def overrides(init, out, iterations=2, **more) -> list[str]:

@@ -6,6 +6,7 @@ import functools
 
 import pytest
 import torch
+from helpers import step_groups_like_one_batch
 from inline_pool import InProcessPool
 
 from vla_rl.config import ConfigError, from_dict, policy_preset
@@ -57,14 +58,7 @@ def test_groups_stepped_in_alternation_give_each_env_the_results_of_one_batch():
         ended = 0
         for _ in range(5):
             chunk = torch.rand(5, 3, 2, generator=gen) * 2 - 1
-            for r in groups:
-                pool.step_async(r, chunk[r.start:r.stop])
-            parts = [pool.step_wait(r) for r in groups]
-            want = ref.step(chunk)
-            for key in ("rewards", "steps", "terminated", "truncated", "success"):
-                assert torch.equal(torch.cat([getattr(p, key) for p in parts]), getattr(want, key)), key
-            assert torch.equal(torch.cat([p.obs["images"] for p in parts]), want.obs["images"])
-            assert sum((p.obs["instruction"] for p in parts), []) == want.obs["instruction"]
+            parts, want = step_groups_like_one_batch(pool, ref, groups, chunk)
             if want.episodes:
                 ended += len(want.episodes["env_index"])
                 got = {k: torch.cat([p.episodes[k] for p in parts if p.episodes]) for k in want.episodes}

@@ -17,6 +17,7 @@ import torch
 
 ray = pytest.importorskip("ray")
 
+from helpers import step_groups_like_one_batch  # noqa: E402
 from inline_pool import InProcessPool  # noqa: E402
 
 from vla_rl.checkpoint import read_tensors, save_policy  # noqa: E402
@@ -297,13 +298,7 @@ def test_env_actors_step_in_groups_like_one_batch(cluster):
         gen = torch.Generator().manual_seed(0)
         for _ in range(3):
             chunk = torch.rand(4, 4, 2, generator=gen) * 2 - 1
-            for r in groups:
-                actors.step_async(r, chunk[r.start:r.stop])
-            parts = [actors.step_wait(r) for r in groups]
-            want = procs.step(chunk)
-            for key in ("rewards", "steps", "terminated", "success"):
-                assert torch.equal(torch.cat([getattr(p, key) for p in parts]), getattr(want, key)), key
-            assert torch.equal(torch.cat([p.obs["state"] for p in parts]), want.obs["state"])
+            step_groups_like_one_batch(actors, procs, groups, chunk)
     finally:
         actors.close()
         procs.close()
