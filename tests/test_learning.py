@@ -1,16 +1,20 @@
-"""Proof that RL learns (CPU, CI-sized): from a few-shot SFT policy of the ``tiny`` preset on the built-in
-task, Flow-SDE PPO and Flow-Noise PPO (the shipped experiment presets, shortened) each raise evaluation
-success well above the SFT policy.
+"""Proof that RL learns (CPU): from a few-shot SFT policy of the ``tiny`` preset on the built-in task, PPO
+with each method's shipped experiment preset raises evaluation success well above the SFT policy.
 
 "Well above" is measured, not assumed: success is evaluated with the deterministic ODE sampler on the
 same 400 fixed-seed episodes (not the trainer's own evaluation seeds) before and after RL, and the lift
 must exceed both 0.10 and three standard errors of the difference of the two success rates (binomial,
 about 0.035 here). The runs' approx-KL and clip-fraction must stay in a sane range after the first
-updates. Both trainings run at once through the CLI, one process and one torch thread each, so the
-module takes about as long as one of them.
+updates. Each training runs through the CLI in its own process with one torch thread.
+
+Run lengths are measured, not hopeful. Flow-Noise lifts within 60 iterations (CI-sized, the default
+suite). Flow-SDE's one stochastic step per chunk makes its early updates noisy (approx-KL 0.03-0.1,
+clip-fraction 0.2-0.45 over the first 50 iterations): shortened to 60-100 iterations its lift from the
+same kind of SFT policy ranged from +0.02 to +0.26 across SFT seeds and float rounding, so it is proven
+over its preset's full 200 iterations (``slow``), where every seed of benchmarks/bench_learning.py
+reached 0.92-0.94.
 """
 
-import contextlib
 import json
 import math
 import os
@@ -33,8 +37,6 @@ from vla_rl.sft import SFTConfig, train_sft
 
 EVAL_EPISODES = 400
 EVAL_SEED = 20_000
-ITERATIONS = 60
-PRESETS = ("builtin_flow_sde", "builtin_flow_noise")
 
 
 def success(actor: Actor) -> float:
@@ -45,48 +47,49 @@ def success(actor: Actor) -> float:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """SFT as in the demo (10 expert demos, 500 steps), then both RL presets from it, concurrently."""
+def sft(tmp_path_factory):
+    """SFT as in the demo (10 expert demos, 500 steps): (folder, evaluation success)."""
     root = tmp_path_factory.mktemp("learning")
     torch.manual_seed(0)
     data = collect_builtin_demos(10, seed=0)
     norm = NormStats(Stats.of(data.state), Stats.of(data.action))
     actor = Actor(FlowPolicy(policy_preset("tiny")), norm)
     train_sft(actor, data, SFTConfig(steps=500), progress=False)
-    sft = save_policy(root / "sft", actor.model, actor.norm)
-    before = success(actor)
+    return save_policy(root / "sft", actor.model, actor.norm), success(actor)
+
+
+def check_rl_lift(sft, preset: str, iterations: int) -> None:
+    """Train ``preset`` for ``iterations`` from the SFT policy (its learning-rate decay shortened with it) and
+    check the lift and the update statistics."""
+    folder, before = sft
+    root = folder.parent
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    with contextlib.ExitStack() as logs:
-        procs = {}
-        for preset in PRESETS:
-            cmd = [sys.executable, "-m", "vla_rl.cli", "train", preset, f"init={sft}", f"out={root / preset}",
-                   f"iterations={ITERATIONS}", f"eval_every={ITERATIONS}", f"save_every={ITERATIONS}",
-                   "tensorboard=false", "--no-progress"]
-            log = logs.enter_context(open(root / f"{preset}.log", "w"))
-            procs[preset] = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
-        codes = {preset: proc.wait(timeout=1800) for preset, proc in procs.items()}
-    out = {}
-    for preset, rc in codes.items():
-        text = (root / f"{preset}.log").read_text()
-        assert rc == 0, f"{preset} failed:\n{text[-3000:]}"
-        history = [json.loads(line) for line in (root / preset / "metrics.jsonl").read_text().splitlines()]
-        model, norm_rl, _ = load_policy(root / preset / "checkpoints" / f"iter_{ITERATIONS:06d}")
-        after = success(Actor(model, norm_rl))
-        out[preset] = (after, history, text)
-    return before, out
-
-
-@pytest.mark.parametrize("preset", PRESETS)
-def test_rl_lifts_success_well_above_the_sft_policy(runs, preset):
-    before, out = runs
-    after, history, log = out[preset]
+    cmd = [sys.executable, "-m", "vla_rl.cli", "train", preset, f"init={folder}", f"out={root / preset}",
+           f"iterations={iterations}", f"eval_every={iterations}", f"save_every={iterations}",
+           "tensorboard=false", "--no-progress"]
+    with open(root / f"{preset}.log", "w") as log:
+        rc = subprocess.run(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=3600).returncode
+    text = (root / f"{preset}.log").read_text()
+    assert rc == 0, f"{preset} failed:\n{text[-3000:]}"
+    history = [json.loads(line) for line in (root / preset / "metrics.jsonl").read_text().splitlines()]
+    model, norm_rl, _ = load_policy(root / preset / "checkpoints" / f"iter_{iterations:06d}")
+    after = success(Actor(model, norm_rl))
     se = math.sqrt((before * (1 - before) + after * (1 - after)) / EVAL_EPISODES)
     kl = [h["losses/approx_kl"] for h in history if "losses/approx_kl" in h]
     clip = [h["losses/clipfrac"] for h in history if "losses/clipfrac" in h]
     later = len(kl) // 5  # the first updates, from a fresh critic, move the most
     print(f"\n{preset}: success {before:.3f} -> {after:.3f} over {EVAL_EPISODES} episodes (lift {after - before:+.3f}, "
           f"3 s.e. = {3 * se:.3f}); approx-KL median {statistics.median(kl[later:]):.3f}, clip-fraction median "
-          f"{statistics.median(clip[later:]):.3f}\n{log[-1500:]}")
-    assert len(history) == ITERATIONS + 1
+          f"{statistics.median(clip[later:]):.3f}\n{text[-1500:]}")
+    assert len(history) == iterations + 1
     assert after - before >= max(0.10, 3 * se), (before, after)
     assert statistics.median(kl[later:]) < 0.2 and statistics.median(clip[later:]) < 0.45
+
+
+def test_flow_noise_ppo_lifts_success_well_above_the_sft_policy(sft):
+    check_rl_lift(sft, "builtin_flow_noise", 60)
+
+
+@pytest.mark.slow
+def test_flow_sde_ppo_lifts_success_well_above_the_sft_policy(sft):
+    check_rl_lift(sft, "builtin_flow_sde", 200)
