@@ -35,11 +35,16 @@ install: $(VENV)/.installed sims
 demo: install
 	$(VENV)/bin/vla-rl demo
 
-test: install
+# Ray for tests/test_ray.py (the `ray` extra); `make install` / `make demo` do not need it.
+$(VENV)/.ray: $(VENV)/.installed pyproject.toml | $(VENV)/.libero
+	$(PY) -m pip install --quiet -e ".[test,ray]"
+	touch $@
+
+test: install $(VENV)/.ray
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 
-test-slow: install
+test-slow: install $(VENV)/.ray
 	$(PY) -m pytest -q -m slow
 
 bench: install
