@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -50,6 +51,8 @@ class ChunkStep:
                  (``success_once``, ``success_at_end``, ``return``, ``length``, ``env_index``)
     lost         ``[N]`` bool or None: envs whose episode was lost in this chunk (their worker process died and
                  was restarted); their obs is the first of a new episode, their chunk ran no step
+    final_frames {row: uint8 ``[H, W, 3]``} or None: a rendering of the last state of each ended episode, for the
+                 envs asked for with the env's ``set_final_frames`` (videos of camera-less envs); None if none
     """
 
     obs: dict
@@ -61,6 +64,7 @@ class ChunkStep:
     final_obs: dict | None
     episodes: dict[str, Tensor] = field(default_factory=dict)
     lost: Tensor | None = None
+    final_frames: dict[int, np.ndarray] | None = None
 
     @property
     def done(self) -> Tensor:

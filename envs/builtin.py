@@ -237,6 +237,7 @@ class ColorReachSingleEnv:
     def __init__(self, config: ColorReachConfig | None = None, seed: int = 0):
         self.env = ColorReachEnv(1, config=config, seed=seed)
         self.spec = replace(self.env.spec)
+        self._last_image = None   # camera image of an ended episode, until reset (the batched env moved on)
 
     @staticmethod
     def _np(obs: dict) -> dict:
@@ -244,15 +245,21 @@ class ColorReachSingleEnv:
                 "instruction": obs["instruction"][0]}
 
     def reset(self, seed: int | None) -> dict:
+        self._last_image = None
         return self._np(self.env.reset(seed))
 
     def step(self, action: np.ndarray) -> tuple[dict, float, bool, bool, bool]:
         out = self.env.step(torch.as_tensor(action, dtype=torch.float32).reshape(1, 1, -1))
         obs = out.final_obs if out.final_obs is not None else out.obs
+        if out.final_obs is not None:   # the batched env has already started its next episode
+            self._last_image = out.final_obs["images"][0, 0].numpy()
         return (self._np(obs), float(out.rewards[0, 0]), bool(out.terminated[0]), bool(out.truncated[0]),
                 bool(out.success[0]))
 
     def render_frame(self) -> np.ndarray:
+        """The camera image of the current state; after an episode ended, of its last state (until reset)."""
+        if self._last_image is not None:
+            return self._last_image
         return self.env.render()[0, 0].numpy()
 
     def close(self) -> None:

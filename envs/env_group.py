@@ -9,7 +9,7 @@ The single-env protocol (what a ``factory()`` must return)::
     reset(seed: int | None) -> obs                  # {"images": uint8 [C, S, S, 3], "state": float32 [D],
                                                     #  "instruction": str}   (numpy)
     step(action: float32 [A]) -> (obs, reward: float, terminated: bool, truncated: bool, success: bool)
-    render_frame() -> uint8 [H, W, 3]
+    render_frame() -> uint8 [H, W, 3]              # also of an ended episode's last state, before its reset
     close() -> None
 
 Glossary: N envs, H actions per chunk, A action dims, C cameras, S image size, D state dims.
@@ -36,6 +36,7 @@ class ChunkReply(NamedTuple):
     success: bool                  # at the last executed sub-step
     instruction: str               # of the observation after the chunk
     final_instruction: str | None  # of the episode that ended in the chunk, None if none did
+    final_frame: np.ndarray | None = None  # render_frame() of the ended episode's last state, if asked for
 
 
 def obs_layout(num_envs: int, spec: EnvSpec) -> dict[str, tuple[tuple[int, ...], type]]:
@@ -83,6 +84,12 @@ class EnvGroup:
             self.close()
             raise
         self.spec: EnvSpec = self.envs[0].spec
+        self.final_frames: set[int] = set()   # positions whose ended episodes are rendered before the reset
+
+    def set_final_frames(self, local: list[int]) -> None:
+        """Render the last state of every episode that ends in envs ``local`` (positions in the group; the
+        reset that follows at once would leave nothing to render), until called again."""
+        self.final_frames = {int(j) for j in local}
 
     def reset(self, seeds: list[int | None]) -> list[dict]:
         """Reset env ``j`` with ``seeds[j]``; returns their observations."""
@@ -92,7 +99,7 @@ class EnvGroup:
         """Run env ``j`` through the chunk ``actions[j]`` ``[H, A]``, stopping where its episode ends (the next
         one starts at once); returns, per env, the reply, the observation after the chunk and the final
         observation of the ended episode (None if it goes on)."""
-        return [_step_env(env, a) for env, a in zip(self.envs, actions)]
+        return [_step_env(env, a, j in self.final_frames) for j, (env, a) in enumerate(zip(self.envs, actions))]
 
     def render(self, local: list[int]) -> list[np.ndarray]:
         """One RGB frame per env of the group, by position in the group."""
@@ -104,7 +111,7 @@ class EnvGroup:
         self.envs = []
 
 
-def _step_env(env, actions: np.ndarray) -> tuple[ChunkReply, dict, dict | None]:
+def _step_env(env, actions: np.ndarray, render_final: bool = False) -> tuple[ChunkReply, dict, dict | None]:
     horizon = actions.shape[0]
     rewards = np.zeros(horizon, np.float32)
     successes = np.zeros(horizon, bool)
@@ -116,9 +123,10 @@ def _step_env(env, actions: np.ndarray) -> tuple[ChunkReply, dict, dict | None]:
         steps += 1
         if term or trunc:
             break
-    final = None
+    final = frame = None
     if term or trunc:
+        frame = env.render_frame() if render_final else None
         final, obs = obs, env.reset(None)
     reply = ChunkReply(rewards, successes, steps, bool(term), bool(trunc), bool(succ), obs["instruction"],
-                       None if final is None else final["instruction"])
+                       None if final is None else final["instruction"], frame)
     return reply, obs, final

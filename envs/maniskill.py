@@ -372,6 +372,7 @@ class ManiSkillGPUEnv:
                             num_cameras=len(self.cameras), image_size=cfg.image_size,
                             max_episode_steps=self.max_episode_steps, action_low=low, action_high=high)
         self._t = torch.zeros(num_envs, dtype=torch.long, device=self.device)
+        self._final_frames: list[int] = []   # envs whose ended episodes are rendered before their reset
         self._idle = torch.zeros(num_envs, self.spec.action_dim, device=self.device)
         self.tracker = EpisodeTracker(num_envs, self.device)
         self.instructions = [cfg.task_instruction] * num_envs
@@ -434,16 +435,28 @@ class ManiSkillGPUEnv:
             if not bool(active.any()):
                 break
         done = terminated | truncated
-        final_obs, episodes = None, {}
+        final_obs, episodes, frames = None, {}, None
         if bool(done.any()):
             final_obs = {**final, "instruction": list(self.instructions)}
             episodes = self.tracker.finish(done, success)
+            ended_rows = [i for i in self._final_frames if bool(done[i])]
+            if ended_rows:   # held by idle actions since they ended: close to their last state
+                frames = dict(zip(ended_rows, self.render_frames(ended_rows)))
             idx = done.nonzero(as_tuple=True)[0]
             self.env.reset(options={"env_idx": idx})
             raw = observe_after_reset(self.env.unwrapped)
             self._t[idx] = 0
         return ChunkStep(obs=self._observe(raw), rewards=rewards, terminated=terminated, truncated=truncated,
-                         success=success, steps=steps, final_obs=final_obs, episodes=episodes)
+                         success=success, steps=steps, final_obs=final_obs, episodes=episodes, final_frames=frames)
+
+    def set_final_frames(self, indices: list[int]) -> None:
+        """Render the last state of each episode that ends in envs ``indices`` into the step's ``final_frames``
+        (videos of camera-less envs); ``[]`` stops it."""
+        indices = sorted({int(i) for i in indices})
+        for i in indices:
+            if not 0 <= i < self.num_envs:
+                raise IndexError(f"env index {i} out of range for {self.num_envs} envs")
+        self._final_frames = indices
 
     def render(self) -> Tensor:
         """RGB frames ``[N, H, W, 3]`` uint8 of ManiSkill's human-view camera."""

@@ -47,6 +47,9 @@ class EnvActor:
     def render(self, local):
         return self.group.render(local)
 
+    def final_frames(self, local):
+        self.group.set_final_frames(local)
+
     def close(self) -> None:
         self.group.close()
 
@@ -163,7 +166,7 @@ class RayVectorEnv(WorkerPool):
 
     def _send_each(self, msgs: dict[int, tuple]) -> dict[int, WorkerError]:
         for w, (cmd, arg) in msgs.items():
-            if cmd == "render":
+            if cmd in ("render", "final_frames"):
                 arg = [i - self.slices[w][0] for i in arg]
             self._sent[w] = (getattr(self.actors[w], cmd).remote(arg), cmd)
         return {}   # an unreachable actor shows in its reply (RayActorError)

@@ -7,7 +7,8 @@ Every adapter returns camera images (``obs["images"]`` uint8 ``[N, C, S, S, 3]``
 pool does: ManiSkill's human-view camera, LIBERO's agentview).
 
 The interface steps whole chunks, so the recorder gets one frame per chunk step (plus the final frame of
-an episode that ended inside the chunk), not one per action.
+an episode that ended inside the chunk: from ``final_obs``, or for envs without cameras rendered by the env
+before its reset, ``ChunkStep.final_frames``), not one per action.
 
 Glossary: N envs, C cameras, S image size.
 """
@@ -83,9 +84,10 @@ class VideoRecorder:
 
     An env that ended inside a chunk contributes its final frame, then the first frame of its next
     episode (the video runs on across episodes). Frames are the env's camera images side by side; for
-    envs without cameras ``env.render_frames(indices)`` is used (it renders the current state, so the
-    final frame of an ended episode is not available there). With ``first_episode_only`` an env's video ends
-    with its first episode (evaluations score each env's first episode only).
+    envs without cameras ``env.render_frames(indices)`` is used, and the final frame of an ended episode comes
+    from the env's ``set_final_frames`` (the worker pool and ManiSkill's GPU env render it before the reset;
+    :meth:`stop` ends that). With ``first_episode_only`` an env's video ends with its first episode
+    (evaluations score each env's first episode only).
     """
 
     def __init__(self, env, indices: Sequence[int] = (0,), *, fps: int = 10, scale: int = 1,
@@ -101,6 +103,20 @@ class VideoRecorder:
         self.first_episode_only = first_episode_only
         self.frames: dict[int, list[np.ndarray]] = {i: [] for i in self.indices}
         self.ended: set[int] = set()   # envs whose recording is over (first_episode_only)
+        self._renders_final = False
+        self._request_final_frames()
+
+    def _request_final_frames(self) -> None:
+        spec = getattr(self.env, "spec", None)
+        if spec is not None and spec.num_cameras == 0 and hasattr(self.env, "set_final_frames"):
+            self.env.set_final_frames(self.indices)
+            self._renders_final = True
+
+    def stop(self) -> None:
+        """Stop the env rendering ended episodes for this recorder (each costs a render in the env's worker)."""
+        if self._renders_final:
+            self.env.set_final_frames([])
+            self._renders_final = False
 
     def _frames(self, obs: dict) -> list[np.ndarray]:
         images = obs["images"]
@@ -124,8 +140,14 @@ class VideoRecorder:
                 for i, frame in zip(self.indices, self._frames(step.final_obs)):
                     if bool(done[i]) and i not in self.ended:
                         self.frames[i].append(frame)
+            elif step.final_frames:
+                for i in self.indices:
+                    if bool(done[i]) and i not in self.ended and i in step.final_frames:
+                        self.frames[i].append(_as_frame(step.final_frames[i]))
             if self.first_episode_only:
                 self.ended.update(i for i in live if bool(done[i]))
+                if len(self.ended) == len(self.indices):
+                    self.stop()
             obs = step.obs
         else:
             obs = step
@@ -144,6 +166,8 @@ class VideoRecorder:
     def clear(self) -> None:
         self.frames = {i: [] for i in self.indices}
         self.ended = set()
+        if not self._renders_final:
+            self._request_final_frames()
 
 
 def _images_np(images) -> np.ndarray:

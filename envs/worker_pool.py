@@ -96,6 +96,7 @@ class WorkerPool:
         self._worker_of = [w for w, sl in enumerate(slices) for _ in sl]
         self._instr: list[str] = [""] * num_envs
         self._seeds: list[int | None] = [None] * num_envs   # each env's seed at the last reset()
+        self._final_frames: list[int] = []                   # envs whose ended episodes are rendered
         self.max_restarts, self.restarts = max_restarts, 0
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
         self.spec: EnvSpec | None = None
@@ -190,6 +191,9 @@ class WorkerPool:
     def _respawn(self, w: int, seeds: list[int | None]) -> None:
         self._stop(w)
         self._start(w)
+        mine = [i for i in self._final_frames if self._worker_of[i] == w]
+        if mine:
+            self._call({w: ("final_frames", mine)})
         for j, instr in zip(self.slices[w], self._call({w: ("reset", seeds)})[w]):
             self._instr[j] = instr
 
@@ -306,9 +310,22 @@ class WorkerPool:
             final_obs = self._observe(final=True, instructions=final_instr, rows=rows)
             episodes = self.tracker.finish(done, success, rows)
         self._instr[lo:lo + n] = [r.instruction for r in results]
+        frames = {i: r.final_frame for i, r in enumerate(results) if r.final_frame is not None}
         return ChunkStep(obs=self._observe(final=False, rows=rows), rewards=rewards, terminated=terminated,
                          truncated=truncated, success=success, steps=steps, final_obs=final_obs,
-                         episodes=episodes, lost=lost if errors else None)
+                         episodes=episodes, lost=lost if errors else None, final_frames=frames or None)
+
+    def set_final_frames(self, indices: list[int]) -> None:
+        """From the next chunk on, each episode that ends in envs ``indices`` is rendered in its last state, before
+        its worker resets it, into the step's ``final_frames`` (videos of camera-less envs); ``[]`` stops it."""
+        self._check_idle("set_final_frames")
+        indices = sorted({int(i) for i in indices})
+        for i in indices:
+            if not 0 <= i < self.num_envs:
+                raise IndexError(f"env index {i} out of range for {self.num_envs} envs")
+        self._final_frames = indices
+        self._call({w: ("final_frames", [i for i in indices if self._worker_of[i] == w])
+                    for w in range(self.num_workers)})
 
     def render_frames(self, indices: list[int] | None = None) -> list[np.ndarray]:
         """One RGB frame ``[H, W, 3]`` per requested env (for videos), in the order asked."""

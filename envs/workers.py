@@ -97,7 +97,7 @@ class _Buffers:
 
 
 def _worker(first: int, count: int, factory: Callable, conn, quiet: bool = False) -> None:
-    """Worker loop: build envs ``first .. first + count - 1``, then serve reset / step / render / close
+    """Worker loop: build envs ``first .. first + count - 1``, then serve reset / step / render / final_frames / close
     commands for all of them (one message per command, the envs run one after another). ``quiet``: see
     :func:`quiet_worker_output` (before the simulator is imported)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and closes us
@@ -125,6 +125,9 @@ def _worker(first: int, count: int, factory: Callable, conn, quiet: bool = False
                 conn.send(("ok", land_step(bufs.arrays, first, group.step(arg))))
             elif cmd == "render":    # arg: the env indices to render
                 conn.send(("ok", group.render([i - first for i in arg])))
+            elif cmd == "final_frames":   # arg: the env indices whose ended episodes are rendered
+                group.set_final_frames([i - first for i in arg])
+                conn.send(("ok", None))
             elif cmd == "close":
                 group.close()
                 conn.send(("ok", None))

@@ -28,6 +28,8 @@ class InProcessPool(WorkerPool):
                 out[w] = land_reset(self.arrays, first, group.reset(arg))
             elif cmd == "step":
                 out[w] = land_step(self.arrays, first, group.step(arg))
+            elif cmd == "final_frames":
+                out[w] = group.set_final_frames([i - first for i in arg])
             else:
                 out[w] = group.render([i - first for i in arg])
         return out, {}

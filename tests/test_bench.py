@@ -5,6 +5,7 @@ import json
 import math
 import os
 
+import numpy as np
 import pytest
 from helpers import SKIP_SIMULATORS as SKIP
 
@@ -128,8 +129,9 @@ def test_eval_records_maniskill_videos_of_a_state_policy(tmp_path):
     assert "video" not in second and first["length"] == 12
     assert first["video"] == str(tmp_path / "eval" / f"ep10000_{'success' if first['success_once'] else 'failure'}.mp4")
     frames = imageio.mimread(first["video"])
-    # the reset and the first two chunks (the chunk that ends the episode resets it: nothing left to render)
-    assert len(frames) == 3 and frames[0].shape == (64, 64, 3) and frames[0].std() > 10   # a scene, not a blank
+    # the reset and the three chunks; the last frame is the episode's final state, rendered before its reset
+    assert len(frames) == 4 and frames[0].shape == (64, 64, 3) and frames[0].std() > 10   # a scene, not a blank
+    assert all(f.std() > 10 for f in frames) and not np.array_equal(frames[-1], frames[0])
 
 
 def test_eval_records_videos_of_the_first_episodes(tmp_path, capsys):

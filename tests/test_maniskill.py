@@ -385,3 +385,23 @@ def test_gpu_env_partial_reset_keeps_the_others():
         assert (out.episodes["length"] == 3).all()
     finally:
         env.close()
+
+
+@pytest.mark.gpu
+def test_gpu_env_renders_ended_episodes_asked_for_before_their_reset():
+    cfg = ManiSkillConfig(task="PickCube-v1", obs_mode="state", max_episode_steps=3, render_size=64)
+    env = make_maniskill_env(cfg, 4, device="cuda", seed=0)
+    try:
+        env.reset(seed=0)
+        env.set_final_frames([2, 0])
+        env.step(torch.zeros(4, 2, 7, device="cuda"))
+        out = env.step(torch.zeros(4, 4, 7, device="cuda"))   # every episode ends at step 3
+        assert out.done.all() and sorted(out.final_frames) == [0, 2]
+        assert all(f.shape == (64, 64, 3) and f.dtype == np.uint8 for f in out.final_frames.values())
+        env.set_final_frames([])
+        env.step(torch.zeros(4, 2, 7, device="cuda"))
+        assert env.step(torch.zeros(4, 4, 7, device="cuda")).final_frames is None
+        with pytest.raises(IndexError, match="env index 4 out of range"):
+            env.set_final_frames([4])
+    finally:
+        env.close()

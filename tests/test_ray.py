@@ -265,6 +265,9 @@ def test_env_actor_pool_equals_the_same_envs_in_process(cluster):
         assert {os.getpriority(os.PRIO_PROCESS, pid) for _, pid in actors.where()} == {os.nice(0)}
         a, b = actors.reset(seed=3), procs.reset(seed=3)
         assert torch.equal(a["images"], b["images"]) and a["instruction"] == b["instruction"]
+        for pool in (actors, procs):
+            pool.set_final_frames([4, 1])   # ended episodes of envs 4 and 1 rendered before their reset
+        rendered = 0
         gen = torch.Generator().manual_seed(0)
         ended = 0
         for _ in range(4):
@@ -278,7 +281,11 @@ def test_env_actor_pool_equals_the_same_envs_in_process(cluster):
                 ended += len(x.episodes["return"])
                 assert torch.equal(x.final_obs["state"], y.final_obs["state"])
                 assert all(torch.equal(x.episodes[k], y.episodes[k]) for k in x.episodes)
-        assert ended > 0
+            assert set(x.final_frames or {}) == set(y.final_frames or {}) == {i for i in (1, 4) if x.done[i]}
+            for i, frame in (x.final_frames or {}).items():   # this env renders what its camera sees
+                assert (frame == y.final_frames[i]).all() and (frame == x.final_obs["images"][i, 0].numpy()).all()
+                rendered += 1
+        assert ended > 0 and rendered > 0
         assert all((f == g).all() for f, g in zip(actors.render_frames([4, 0]), procs.render_frames([4, 0])))
     finally:
         actors.close()

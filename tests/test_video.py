@@ -1,12 +1,17 @@
 """Videos: record_video's formats and errors, VideoRecorder on the built-in task and on camera-less envs."""
 
+import functools
+from dataclasses import replace
+
 import imageio.v2 as imageio
 import numpy as np
 import pytest
 import torch
+from inline_pool import InProcessPool
 
-from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
+from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv, ColorReachSingleEnv
 from vla_rl.envs.video import VideoRecorder, record_video
+from vla_rl.envs.workers import WorkerVectorEnv
 
 
 def _record_colorreach(chunks: int, indices=(0, 2), scale: int = 1) -> tuple[VideoRecorder, ColorReachEnv]:
@@ -99,3 +104,52 @@ def test_camera_less_envs_render_or_fail_clearly():
     assert rec.frames[1][0].shape == (10, 12, 3) and rec.frames[1][0][0, 0, 0] == 1
     with pytest.raises(ValueError, match="no camera images.*render_frames"):
         VideoRecorder(_StateOnlyEnv(), [0]).add(_StateOnlyEnv().obs())
+
+
+class _CameraLessColorReach(ColorReachSingleEnv):
+    """ColorReach observed by its state only (like ManiSkill obs_mode='state'); render_frame still shows it."""
+
+    def __init__(self, config=None, seed: int = 0):
+        super().__init__(config, seed)
+        self.spec = replace(self.spec, num_cameras=0)
+
+    def _np(self, obs: dict) -> dict:
+        out = super()._np(obs)
+        return {**out, "images": out["images"][:0]}
+
+
+@pytest.mark.parametrize("pool_kind", ["in_process", "worker_processes"])
+def test_a_camera_less_video_ends_with_the_episodes_last_state_rendered_before_its_reset(pool_kind):
+    """Known answer: the camera images of the same env (with its camera) stepped alone with the same seed and
+    actions, one after each chunk; the last one is the ended episode's final observation."""
+    factory = functools.partial(_CameraLessColorReach, ColorReachConfig(max_episode_steps=6))
+    pool = (InProcessPool(factory, 2, envs_per_worker=1) if pool_kind == "in_process"
+            else WorkerVectorEnv(factory, 2, envs_per_worker=1, name="stateonly"))
+    try:
+        rec = VideoRecorder(pool, [0], first_episode_only=True)
+        rec.add(pool.reset(seed=5))
+        alone = ColorReachSingleEnv(ColorReachConfig(max_episode_steps=6))
+        expected = [alone.reset(5)["images"][0]]
+        gen = torch.Generator().manual_seed(0)
+        chunks = []
+        while True:
+            chunks.append(torch.rand(2, 4, 2, generator=gen) * 2 - 1)
+            out = pool.step(chunks[-1])
+            rec.add(out)
+            for a in chunks[-1][0].numpy():
+                obs, _, term, trunc, _ = alone.step(a)
+                if term or trunc:
+                    break
+            expected.append(obs["images"][0])
+            if out.done[0]:
+                break
+        assert len(rec.frames[0]) == len(expected) == len(chunks) + 1
+        assert all((f == e).all() for f, e in zip(rec.frames[0], expected))
+        assert len({f.tobytes() for f in rec.frames[0]}) > 1   # the frames do follow the episode
+        # The recording is over (first episode only): ended episodes are no longer rendered.
+        for _ in range(3):
+            assert pool.step(torch.rand(2, 4, 2, generator=gen) * 2 - 1).final_frames is None
+        with pytest.raises(IndexError, match="env index 2 out of range for 2 envs"):
+            pool.set_final_frames([2])
+    finally:
+        pool.close()
