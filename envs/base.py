@@ -71,6 +71,15 @@ class ChunkStep:
         return self.terminated | self.truncated
 
 
+def check_env_indices(indices, num_envs: int) -> list[int]:
+    """``indices`` as ints, in the order given; an IndexError names the first one outside ``[0, num_envs)``."""
+    out = [int(i) for i in indices]
+    for i in out:
+        if not 0 <= i < num_envs:
+            raise IndexError(f"env index {i} out of range for {num_envs} envs")
+    return out
+
+
 def check_action_chunk(chunk: Tensor, spec: EnvSpec, *, max_horizon: int | None = None,
                        device: torch.device | None = None) -> Tensor:
     """Validate an action chunk ``[N, H, A]``; returns it as float32 on ``device``."""

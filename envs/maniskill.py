@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from ..policies.ranges import check_ranges, ranged
-from .base import ChunkStep, EnvSpec, EpisodeTracker, check_action_chunk
+from .base import ChunkStep, EnvSpec, EpisodeTracker, check_action_chunk, check_env_indices
 from .cache import cache_dir, checkout_root
 
 LAVAPIPE_ICD = cache_dir() / "mesa25" / "lvp_icd.x86_64.json"
@@ -452,11 +452,7 @@ class ManiSkillGPUEnv:
     def set_final_frames(self, indices: list[int]) -> None:
         """Render the last state of each episode that ends in envs ``indices`` into the step's ``final_frames``
         (videos of camera-less envs); ``[]`` stops it."""
-        indices = sorted({int(i) for i in indices})
-        for i in indices:
-            if not 0 <= i < self.num_envs:
-                raise IndexError(f"env index {i} out of range for {self.num_envs} envs")
-        self._final_frames = indices
+        self._final_frames = sorted(set(check_env_indices(indices, self.num_envs)))
 
     def render(self) -> Tensor:
         """RGB frames ``[N, H, W, 3]`` uint8 of ManiSkill's human-view camera."""
@@ -465,10 +461,7 @@ class ManiSkillGPUEnv:
     def render_frames(self, indices: list[int] | None = None) -> list[np.ndarray]:
         """One RGB frame ``[H, W, 3]`` uint8 per requested env, in the order asked (what videos of envs without
         cameras use, as the worker pool's ``render_frames``). ManiSkill renders every env at once."""
-        indices = list(range(self.num_envs)) if indices is None else [int(i) for i in indices]
-        for i in indices:
-            if not 0 <= i < self.num_envs:
-                raise IndexError(f"env index {i} out of range for {self.num_envs} envs")
+        indices = list(range(self.num_envs)) if indices is None else check_env_indices(indices, self.num_envs)
         frames = self.render()
         frames = frames.cpu().numpy() if isinstance(frames, Tensor) else np.asarray(frames)
         frames = frames.reshape(-1, *frames.shape[-3:])

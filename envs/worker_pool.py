@@ -19,7 +19,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from .base import ChunkStep, EnvSpec, EpisodeTracker, check_action_chunk
+from .base import ChunkStep, EnvSpec, EpisodeTracker, check_action_chunk, check_env_indices
 from .env_group import ChunkReply
 
 
@@ -202,8 +202,7 @@ class WorkerPool:
         are untouched. The worker's unfinished episodes are lost; with ``seed``, its env ``j`` gets
         ``seed + j - i``. Returns the batched observation."""
         self._check_idle("restart a worker")
-        if not 0 <= i < self.num_envs:
-            raise IndexError(f"env index {i} out of range for {self.num_envs} envs")
+        check_env_indices([i], self.num_envs)
         w = self._worker_of[i]
         sl = self.slices[w]
         lost = torch.zeros(self.num_envs, dtype=torch.bool)
@@ -319,21 +318,14 @@ class WorkerPool:
         """From the next chunk on, each episode that ends in envs ``indices`` is rendered in its last state, before
         its worker resets it, into the step's ``final_frames`` (videos of camera-less envs); ``[]`` stops it."""
         self._check_idle("set_final_frames")
-        indices = sorted({int(i) for i in indices})
-        for i in indices:
-            if not 0 <= i < self.num_envs:
-                raise IndexError(f"env index {i} out of range for {self.num_envs} envs")
-        self._final_frames = indices
+        self._final_frames = indices = sorted(set(check_env_indices(indices, self.num_envs)))
         self._call({w: ("final_frames", [i for i in indices if self._worker_of[i] == w])
                     for w in range(self.num_workers)})
 
     def render_frames(self, indices: list[int] | None = None) -> list[np.ndarray]:
         """One RGB frame ``[H, W, 3]`` per requested env (for videos), in the order asked."""
         self._check_idle("render")
-        indices = list(range(self.num_envs)) if indices is None else list(indices)
-        for i in indices:
-            if not 0 <= i < self.num_envs:
-                raise IndexError(f"env index {i} out of range for {self.num_envs} envs")
+        indices = list(range(self.num_envs)) if indices is None else check_env_indices(indices, self.num_envs)
         by_worker: dict[int, list[int]] = {}
         for i in indices:
             by_worker.setdefault(self._worker_of[i], []).append(i)

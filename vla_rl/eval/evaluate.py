@@ -96,8 +96,6 @@ def evaluate_episodes(actor: Actor, env, *, num_episodes: int, sampler: SamplerC
             recorder = VideoRecorder(env, range(min(videos, count)), fps=video_fps, first_episode_only=True)
         ep = first_episodes(actor, env, seed=round_seed, count=count, sampler=sampler, execute=execute,
                             generator=gen, recorder=recorder, on_episodes=ended)
-        if recorder is not None:
-            recorder.stop()   # later rounds record nothing: their envs need not render ended episodes
         for i in range(count):
             rec: dict[str, Any] = {"reset_seed": round_seed, "env_index": i, "episode_seed": round_seed + i,
                                    **{k: float(ep[k][i]) for k in EPISODE_METRICS}}
