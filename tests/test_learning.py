@@ -10,7 +10,7 @@ updates. Each training runs through the CLI in its own process with one torch th
 Run lengths are measured, not hopeful. Flow-Noise lifts within 60 iterations (CI-sized, the default
 suite). Flow-SDE's one stochastic step per chunk makes its early updates noisy (approx-KL 0.03-0.1,
 clip-fraction 0.2-0.45 over the first 50 iterations): shortened to 60-100 iterations its lift from the
-same kind of SFT policy ranged from +0.02 to +0.26 across SFT seeds and float rounding, so it is proven
+same kind of SFT policy ranged from +0.02 to +0.26 across SFT seeds (docs/notes.md), so it is proven
 over its preset's full 200 iterations (``slow``), where every seed of benchmarks/bench_learning.py
 reached 0.92-0.94.
 """
