@@ -13,7 +13,7 @@ $(PY):
 $(VENV)/.installed: $(PY) pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[train,test]"
 	touch $@
 
 # Simulators (idempotent scripts; the stamps skip them once done). ManiSkill3: mani-skill + sapien pinned,
@@ -37,7 +37,7 @@ demo: install
 
 # Ray for tests/test_ray.py (the `ray` extra); `make install` / `make demo` do not need it.
 $(VENV)/.ray: $(VENV)/.installed pyproject.toml | $(VENV)/.libero
-	$(PY) -m pip install --quiet -e ".[test,ray]"
+	$(PY) -m pip install --quiet -e ".[train,test,ray]"
 	touch $@
 
 test: install $(VENV)/.ray

@@ -10,7 +10,9 @@ fp32 on a CPU), with the preset's cameras, K = 10 ODE steps and one observation 
 openpi-client's ``WebsocketClientPolicy.infer(obs)`` against a server on a loopback port in this process (our own
 msgpack client when openpi-client is not installed): message packing, the websocket, validation, inference and the
 reply. The two are called alternately (``--repeats`` times each, after 3 warm-ups) so both see the same machine load;
-prints a markdown table of wall-clock medians, 90th percentiles, and the median of the paired differences.
+prints a markdown table of wall-clock medians, 90th percentiles, the median of the paired differences, and the
+median CPU time of this process per call (all its threads, the server's included: on a CPU, close to what the call
+takes on an idle machine with ``--threads`` 1, whatever the machine's load).
 """
 
 from __future__ import annotations
@@ -65,17 +67,19 @@ class RawClient:
         return unpack(reply)
 
 
-def paired_timings(direct, served, repeats: int) -> tuple[list[float], list[float]]:
+def paired_timings(direct, served, repeats: int) -> tuple[list[float], list[float], list[float], list[float]]:
     """Wall-clock ms of ``direct()`` and ``served()``, alternating call by call so that both see the same machine
-    load (on a shared machine the load drifts more than the overhead being measured)."""
+    load (on a shared machine the load drifts more than the overhead being measured), then the CPU ms of this
+    process (all its threads: the server's too) for each call, which a shared machine's load changes little."""
     for _ in range(3):
         direct(), served()
-    times: tuple[list[float], list[float]] = ([], [])
+    times: tuple[list[float], ...] = ([], [], [], [])
     for _ in range(repeats):
-        for fn, out in ((direct, times[0]), (served, times[1])):
-            t0 = time.perf_counter()
+        for fn, wall, cpu in ((direct, times[0], times[2]), (served, times[1], times[3])):
+            t0, c0 = time.perf_counter(), time.process_time()
             fn()
-            out.append((time.perf_counter() - t0) * 1000)
+            wall.append((time.perf_counter() - t0) * 1000)
+            cpu.append((time.process_time() - c0) * 1000)
     return times
 
 
@@ -88,11 +92,12 @@ def measure(preset: str, device: torch.device, args, client_cls) -> tuple:
     with ServerThread(policy, ServeConfig(port=0)) as server:
         client = client_cls(host="127.0.0.1", port=server.port) if client_cls else RawClient(server.port)
         assert client.infer(obs)["actions"].shape == (cfg.action_horizon, cfg.action_dim)
-        direct, served = paired_timings(lambda: policy.infer(obs), lambda: client.infer(obs), args.repeats)
+        direct, served, direct_cpu, served_cpu = paired_timings(lambda: policy.infer(obs), lambda: client.infer(obs),
+                                                                args.repeats)
     overhead = statistics.median(s - d for d, s in zip(direct, served))
     stats = [(statistics.median(t), float(np.percentile(t, 90))) for t in (direct, served)]
     return (preset, count_parameters(policy.model) / 1e6, f"{args.weights}/{policy.compute_dtype}",
-            len(pack(obs)) / 1024, *stats, overhead)
+            len(pack(obs)) / 1024, *stats, overhead, statistics.median(direct_cpu), statistics.median(served_cpu))
 
 
 def main() -> None:
@@ -116,11 +121,11 @@ def main() -> None:
     print(f"\ndevice {device}{f' ({torch.cuda.get_device_name(device)})' if device.type == 'cuda' else ''}, "
           f"{args.threads} torch thread(s), K = 10, {args.repeats} calls, {client_name}\n")
     print("| preset | params | weights/compute | request | direct: median / p90 | server round trip: median / p90 "
-          "| overhead: median of paired differences |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for preset, params, dt, kb, (dm, dp), (sm, sp), overhead in rows:
+          "| overhead: median of paired differences | CPU time, median: direct / round trip |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for preset, params, dt, kb, (dm, dp), (sm, sp), overhead, dc, sc in rows:
         print(f"| {preset} | {params:.1f}M | {dt} | {kb:.0f} KiB | {dm:.1f} / {dp:.1f} ms | {sm:.1f} / {sp:.1f} ms "
-              f"| {overhead:+.1f} ms |")
+              f"| {overhead:+.1f} ms | {dc:.1f} / {sc:.1f} ms |")
 
 
 if __name__ == "__main__":

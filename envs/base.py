@@ -34,6 +34,9 @@ class EnvSpec:
     max_episode_steps: int
     action_low: float = -1.0
     action_high: float = 1.0
+    # The camera images are turned 180 degrees from what the camera sees (LIBERO's "rot180", as in openpi's
+    # datasets): the policy gets them so, videos turn them back for a person.
+    images_rot180: bool = False
 
 
 @dataclass

@@ -177,7 +177,7 @@ class LiberoSingleEnv:
         self.init_state_ids = list(range(50)) if cfg.init_state_ids is None else list(cfg.init_state_ids)
         self.spec = EnvSpec(num_envs=1, action_dim=ACTION_DIM, state_dim=STATE_DIM,
                             num_cameras=len(cfg.cameras), image_size=cfg.image_size,
-                            max_episode_steps=cfg.episode_steps)
+                            max_episode_steps=cfg.episode_steps, images_rot180=cfg.image_orientation == "rot180")
         self._rng = np.random.default_rng(seed)
         self._next_episode = 0
         self._envs: OrderedDict[int, object] = OrderedDict()   # task id -> robosuite env, LRU order

@@ -200,9 +200,24 @@ def task_max_episode_steps(task: str) -> int:
     return int(steps)
 
 
-def _make(cfg: ManiSkillConfig, num_envs: int, gpu: bool):
+def make_task(task: str, **kwargs):
+    """``gym.make(task, **kwargs)``, where a task whose scene needs a package that is not installed
+    (DrawSVG-v1 needs ``svgpathtools``) or a Vulkan driver that does not start raises
+    :class:`ManiSkillUnavailable` saying so."""
     import gymnasium as gym
 
+    try:
+        return gym.make(task, **kwargs)
+    except ImportError as e:
+        raise ManiSkillUnavailable(f"ManiSkill task {task} needs a package that is not installed ({e})") from e
+    except Exception as e:
+        if _vulkan_error(e):
+            raise ManiSkillUnavailable(f"ManiSkill could not start Vulkan ({e}); "
+                                       f"VK_ICD_FILENAMES={os.environ.get('VK_ICD_FILENAMES')!r}; {SETUP_HINT}") from e
+        raise
+
+
+def _make(cfg: ManiSkillConfig, num_envs: int, gpu: bool):
     kwargs = dict(obs_mode=cfg.obs_mode, control_mode=cfg.control_mode, reward_mode=REWARDS[cfg.reward],
                   num_envs=num_envs, render_mode="rgb_array",
                   sim_backend="physx_cuda" if gpu else "physx_cpu",
@@ -210,13 +225,7 @@ def _make(cfg: ManiSkillConfig, num_envs: int, gpu: bool):
                   human_render_camera_configs=dict(width=cfg.render_size, height=cfg.render_size))
     if cfg.uses_cameras:
         kwargs["sensor_configs"] = dict(width=cfg.image_size, height=cfg.image_size)
-    try:
-        return gym.make(cfg.task, **kwargs)
-    except Exception as e:
-        if _vulkan_error(e):
-            raise ManiSkillUnavailable(f"ManiSkill could not start Vulkan ({e}); "
-                               f"VK_ICD_FILENAMES={os.environ.get('VK_ICD_FILENAMES')!r}; {SETUP_HINT}") from e
-        raise
+    return make_task(cfg.task, **kwargs)
 
 
 def _flatten(d: dict, out: list[Tensor]) -> None:

@@ -15,6 +15,7 @@ Glossary: N envs, C cameras, S image size.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,6 +25,10 @@ import torch
 from .base import ChunkStep
 
 VIDEO_SUFFIXES = (".mp4", ".gif")
+# Episode videos (eval, bench) for a person: frames enlarged to at least this many pixels on their short side
+# (ColorReach's 32 px by 8), each frame held so that a short episode (ColorReach: 4-5 chunks) lasts this long.
+VIEW_MIN_SIZE = 256
+VIEW_MIN_SECONDS = 2.0
 
 
 def _as_frame(frame) -> np.ndarray:
@@ -35,12 +40,15 @@ def _as_frame(frame) -> np.ndarray:
     return frame
 
 
-def record_video(frames: Sequence[np.ndarray], path: str | Path, fps: int = 10, *, scale: int = 1) -> Path:
+def record_video(frames: Sequence[np.ndarray], path: str | Path, fps: int = 10, *, scale: int = 1,
+                 min_size: int = 0, min_seconds: float = 0.0) -> Path:
     """Write ``frames`` (uint8 ``[H, W, 3]`` each, all the same size) to ``path``; returns the path.
 
     The format comes from the suffix: ``.mp4`` (H.264 via imageio-ffmpeg; odd sizes are padded with one
     black row / column, since H.264's yuv420p needs even sizes) or ``.gif`` (Pillow). ``scale`` enlarges
-    each frame by pixel repetition (small images such as ColorReach's 32x32 stay sharp).
+    each frame by pixel repetition (small images such as ColorReach's 32x32 stay sharp); ``min_size`` raises
+    it until the short side has at least that many pixels. ``min_seconds``: each frame is repeated so that
+    the video lasts at least that long at ``fps``.
     """
     path = Path(path)
     suffix = path.suffix.lower()
@@ -55,8 +63,12 @@ def record_video(frames: Sequence[np.ndarray], path: str | Path, fps: int = 10, 
     shapes = {f.shape for f in frames}
     if len(shapes) > 1:
         raise ValueError(f"all frames must have the same shape, got {sorted(shapes)}")
+    scale = max(scale, math.ceil(min_size / min(frames[0].shape[:2])))
     if scale > 1:
         frames = [f.repeat(scale, axis=0).repeat(scale, axis=1) for f in frames]
+    hold = max(1, math.ceil(min_seconds * fps / len(frames)))
+    if hold > 1:
+        frames = [f for f in frames for _ in range(hold)]
     import imageio.v2 as imageio
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -100,6 +112,8 @@ class VideoRecorder:
         if num_envs is not None and any(not 0 <= i < num_envs for i in self.indices):
             raise ValueError(f"env indices {self.indices} out of range for {num_envs} envs")
         self.fps, self.scale = fps, scale
+        spec = getattr(env, "spec", None)
+        self._upright = bool(getattr(spec, "images_rot180", False))   # turn LIBERO's rot180 images back
         self.first_episode_only = first_episode_only
         self.frames: dict[int, list[np.ndarray]] = {i: [] for i in self.indices}
         self.ended: set[int] = set()   # envs whose recording is over (first_episode_only)
@@ -118,16 +132,23 @@ class VideoRecorder:
             self.env.set_final_frames([])
             self._renders_final = False
 
+    def _view(self, frame: np.ndarray) -> np.ndarray:
+        """A frame as a person sees the scene (the env's images may be turned for the policy)."""
+        return np.ascontiguousarray(frame[::-1, ::-1]) if self._upright else frame
+
     def _frames(self, obs: dict) -> list[np.ndarray]:
         images = obs["images"]
         if images.shape[1] > 0:
+            if self._upright:   # each camera turned on its own, then side by side in their order
+                return [np.concatenate([self._view(c) for c in _images_np(images[i])], axis=1)
+                        for i in self.indices]
             return [np.concatenate(list(_images_np(images[i])), axis=1) for i in self.indices]
         render = getattr(self.env, "render_frames", None)
         if render is None:
             raise ValueError(f"{type(self.env).__name__} observations have no camera images (C = 0) and the env "
                              "has no render_frames(indices); use an observation mode with cameras "
                              "(e.g. ManiSkill obs_mode='rgb') or the worker pool, which renders")
-        return [_as_frame(f) for f in render(self.indices)]
+        return [self._view(_as_frame(f)) for f in render(self.indices)]
 
     def add(self, step: ChunkStep | dict) -> None:
         """Add the frames of one observation dict (after ``reset``) or of one :class:`ChunkStep`."""
@@ -143,7 +164,7 @@ class VideoRecorder:
             elif step.final_frames:
                 for i in self.indices:
                     if bool(done[i]) and i not in self.ended and i in step.final_frames:
-                        self.frames[i].append(_as_frame(step.final_frames[i]))
+                        self.frames[i].append(self._view(_as_frame(step.final_frames[i])))
             if self.first_episode_only:
                 self.ended.update(i for i in live if bool(done[i]))
                 if len(self.ended) == len(self.indices):

@@ -79,10 +79,58 @@ def test_compare_pairs_episodes_per_task(tmp_path, capsys):
         compare_benches(a, tmp_path / "nothing")
 
 
+def test_compare_says_when_benches_are_not_like_for_like(tmp_path, capsys):
+    """Different episode counts, step limits or settings are named, with the number of episodes paired."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    _task_file(a, "maniskill", "PickCube-v1", [0, 1, 0, 1])
+    _task_file(b, "maniskill", "PickCube-v1", [1, 1])
+    _task_file(a, "maniskill", "PushCube-v1", [0, 0, 1])
+    _task_file(b, "maniskill", "PushCube-v1", [1, 1, 1])
+    for root, limit, execute in ((a, 150, None), (b, 50, 4)):
+        for p in (root / "tasks" / "maniskill").glob("*.json"):
+            doc = json.loads(p.read_text())
+            doc.update(max_episode_steps=limit, identity={"num_steps": 4, "execute": execute, "seed": 10_000,
+                                                          "episodes": len(doc["records"]), "env": {}})
+            p.write_text(json.dumps(doc))
+    cmp = compare_benches(a, b)
+    assert [r["n"] for r in cmp["tasks"]] == [2, 3] and cmp["pooled"]["n"] == 5
+    notes = " | ".join(cmp["notes"])
+    assert "maniskill/PickCube-v1: 4 episodes in the base bench, 2 in the new; 2 paired (same episode seed)" in notes
+    assert "PushCube-v1: 3 episodes" not in notes
+    assert "maniskill/PushCube-v1: different episode step limits (base 150, new 50)" in notes
+    assert "maniskill/PickCube-v1: other settings differ: execute (base None, new 4)" in notes
+    assert main(["bench", "--compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "| episodes paired |" in out and "| **pooled** |" in out
+    assert "Not like for like:" in out and "2 paired" in out
+    same = compare_benches(a, a)
+    assert same["notes"] == []
+
+
+def test_a_bench_run_from_python_records_the_command_that_repeats_it():
+    from vla_rl.config import from_dict, parse_overrides
+    from vla_rl.eval.bench import BenchConfig, bench_markdown, equivalent_command
+
+    cfg = BenchConfig(suite="maniskill:PickCube-v1", tasks=["PickCube-v1"], episodes=2, progress=False,
+                      env={"max_episode_steps": 8}, out="runs/my bench")
+    line = equivalent_command("runs/p", cfg)
+    assert line == ("vla-rl bench runs/p --suite maniskill:PickCube-v1 'tasks=[\"PickCube-v1\"]' episodes=2 "
+                    "'out=runs/my bench' env.max_episode_steps=8 progress=false")
+    import shlex
+
+    words = shlex.split(line)
+    assert from_dict(BenchConfig, {**parse_overrides(words[5:]), "suite": words[4]}) == cfg
+    assert equivalent_command("p", BenchConfig(suite="libero_10")) == "vla-rl bench p --suite libero_10"
+    summary = {"checkpoint": "runs/p", "weights_sha256": "ab", "command": line, "tasks": [], "suites": {},
+               "average": float("nan")}
+    assert "`None`" not in bench_markdown(summary) and f"command: `{line}`" in bench_markdown(summary)
+
+
 @pytest.mark.skipif(SKIP, reason="VLA_RL_SKIP_SIMULATORS=1")
 def test_maniskill_bench_of_a_state_policy(tmp_path, capsys):
     """A PickCube state policy (42 state dims) on PickCube and PushCube (35 dims: skipped, with the reason), two
-    episodes, a truncated episode limit; a second run resumes and keeps the finished task."""
+    episodes, a truncated episode limit; a second run resumes and keeps the finished task. DrawSVG-v1, whose
+    scene needs svgpathtools, is skipped with its reason where that is not installed."""
     cfg = policy_preset("tiny", {"num_cameras": 0, "state_dim": 48, "action_dim": 7, "depth": 1})
     norm = NormStats(Stats.identity(42), Stats.identity(7))
     ckpt = save_policy(tmp_path / "policy", FlowPolicy(cfg), norm, meta={
@@ -90,15 +138,22 @@ def test_maniskill_bench_of_a_state_policy(tmp_path, capsys):
     out = tmp_path / "bench"
     common = ["episodes=2", "workers=1", "execute=4", "videos=1", f"out={out}", "progress=false"]
     assert main(["bench", str(ckpt), "--suite", "maniskill:PickCube-v1", *common]) == 0
-    assert main(["bench", str(ckpt), "--suite", "maniskill:PickCube-v1,PushCube-v1", *common]) == 0
+    assert main(["bench", str(ckpt), "--suite", "maniskill:PickCube-v1,PushCube-v1,DrawSVG-v1", *common]) == 0
     printed = capsys.readouterr().out
     assert "maniskill/PickCube-v1: done earlier, kept" in printed
     res = json.loads((out / "results.json").read_text())
     assert [(t["task"], t["episodes"]) for t in res["tasks"]] == [("PickCube-v1", 2)]
-    (skip,) = res["skipped"]
+    skip, svg = res["skipped"]
     assert skip["task"] == "maniskill/PushCube-v1" and "state/action dims 42/7, the env has 35/7" in skip["reason"]
+    assert svg["task"] == "maniskill/DrawSVG-v1"
+    try:
+        import svgpathtools  # noqa: F401
+    except ImportError:
+        assert svg["reason"].startswith("its env did not start: ManiSkillUnavailable: ManiSkill task DrawSVG-v1 "
+                                        "needs a package that is not installed (svgpathtools")
+    assert f"Skipped maniskill/DrawSVG-v1: {svg['reason']}" in (out / "results.md").read_text()
     doc = json.loads((out / "tasks" / "maniskill" / "PickCube-v1.json").read_text())
-    assert [r["episode_seed"] for r in doc["records"]] == [10_000, 10_001]
+    assert [r["episode_seed"] for r in doc["records"]] == [10_000, 10_001] and doc["max_episode_steps"] == 8
     assert all(1 <= r["length"] <= 8 for r in doc["records"])
     assert (out / doc["records"][0]["video"]).stat().st_size > 0
     header = "suite,task,instruction,episodes,successes,success_rate,se"

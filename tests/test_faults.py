@@ -246,6 +246,14 @@ def test_every_writing_command_refuses_an_occupied_output_before_any_work(tmp_pa
     assert not (taken / "keep.txt").exists() and (taken / "meta" / "info.json").is_file()
 
 
+def test_collect_help_says_what_collect_does_with_an_occupied_folder(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["collect", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "one that holds anything is refused unless --overwrite" in text   # as the test above shows
+    assert "(replaced atomically if it exists)" not in text
+
+
 def test_keep_last_never_deletes_the_checkpoint_just_saved_nor_later_ones(tmp_path):
     from vla_rl.rl.state import checkpoint_path, list_checkpoints, prune
 

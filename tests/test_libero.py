@@ -78,6 +78,10 @@ def test_single_env_contract(env):
     spec = env.spec
     assert (spec.num_envs, spec.action_dim, spec.state_dim, spec.num_cameras, spec.image_size) == (1, 7, 8, 2, 128)
     assert (spec.action_low, spec.action_high, spec.max_episode_steps) == (-1.0, 1.0, 3)
+    assert not spec.images_rot180   # upright images: videos show them as they are
+    turned = LiberoSingleEnv(LiberoConfig(suite="libero_spatial", task_ids=[0], image_orientation="rot180"))
+    assert turned.spec.images_rot180   # openpi's orientation: videos turn the frames back
+    turned.close()
     obs = env.reset(seed=0)
     assert (env.task_id, env.init_state_id) == (0, 0)
     assert obs["images"].dtype == np.uint8 and obs["images"].shape == (2, 128, 128, 3)

@@ -213,3 +213,19 @@ def test_rgb_demos_match_the_adapters_camera_observation(tmp_path):
         np.testing.assert_allclose(obs["state"], data.state[0].numpy(), atol=1e-6)
     finally:
         env.close()
+
+
+def test_a_task_whose_scene_cannot_load_is_a_one_line_env_error(tmp_path, monkeypatch, capsys):
+    """DrawSVG-v1 needs svgpathtools, which ManiSkill does not install: `collect` says so in one line (an `env`
+    error, not an internal one) and leaves nothing behind."""
+    import gymnasium
+
+    def make(task, **kwargs):   # what ManiSkill raises building DrawSVG-v1's scene without svgpathtools
+        raise ImportError("svgpathtools not installed. Install with pip install svgpathtools")
+
+    monkeypatch.setattr(gymnasium, "make", make)
+    assert main(["collect", "maniskill", str(tmp_path / "svg"), "task=DrawSVG-v1", "episodes=1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "vla-rl: env error: ManiSkill task DrawSVG-v1 needs a package that is not installed (svgpathtools not "
+        "installed. Install with pip install svgpathtools)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -104,16 +104,25 @@ def test_eval_reports_episodes_as_they_end(tmp_path, capsys, every_update):
 
 
 # ---------------------------------------------------------------------------------------------- threads
-def test_auto_threads_leave_one_core_per_worker_process():
-    from vla_rl.threads import policy_threads, torch_threads
+def test_auto_threads_are_the_idle_cores_less_one_per_worker_process():
+    from vla_rl.threads import auto_threads, policy_threads, torch_threads
 
     none = {}   # no OMP_NUM_THREADS
-    assert policy_threads("auto", worker_processes=0, cores=8, environ=none) == 8
-    assert policy_threads("auto", worker_processes=6, cores=8, environ=none) == 2
-    assert policy_threads("auto", worker_processes=2, cores=2, environ=none) == 1    # never 0
+    assert policy_threads("auto", worker_processes=0, cores=8, busy=0.0, environ=none) == 8
+    assert policy_threads("auto", worker_processes=6, cores=8, busy=0.0, environ=none) == 2
+    assert policy_threads("auto", worker_processes=2, cores=2, busy=0.0, environ=none) == 1    # never 0
     assert policy_threads(3, worker_processes=2, cores=2) == 3         # a number is used as given
     assert policy_threads("auto", cores=8, environ={"OMP_NUM_THREADS": "1"}) == 1   # the variable keeps its meaning
-    assert policy_threads("auto", cores=8, environ={"OMP_NUM_THREADS": "x"}) == 8
+    assert policy_threads("auto", cores=8, busy=0.0, environ={"OMP_NUM_THREADS": "x"}) == 8
+    # The load: a busy machine gets fewer threads (2 cores, one of them taken: 1, the case that ran 14x slower
+    # with 2); background noise below IDLE_SLACK (0.25 core) costs no thread; loads beyond the cores give 1.
+    assert [auto_threads(2, busy) for busy in (0.0, 0.2, 0.3, 0.9, 1.0, 1.5, 2.0, 8.0)] == [2, 2, 1, 1, 1, 1, 1, 1]
+    assert [auto_threads(16, busy) for busy in (0.1, 3.0, 3.8, 12.0, 15.9, 40.0)] == [16, 13, 12, 4, 1, 1]
+    assert auto_threads(16, 3.0, worker_processes=8) == 5     # workers and policy together within the idle cores
+    assert auto_threads(16, 12.0, worker_processes=8) == 1
+    assert auto_threads(4, -1.0) == 4                          # a negative reading is no load
+    assert policy_threads("auto", cores=2, busy=1.0, environ=none) == 1
+    assert policy_threads("auto", cores=8, busy=2.0, worker_processes=2, environ=none) == 4
     with pytest.raises(ValueError, match="threads must be 'auto' or an integer >= 1, got 0"):
         policy_threads(0)
     before = torch.get_num_threads()
@@ -138,8 +147,9 @@ def test_threads_is_a_range_checked_field_of_the_job_configs():
 
 
 def test_a_trainer_sets_its_threads_and_gives_the_previous_count_back(tmp_path, monkeypatch):
-    """The built-in env has no worker processes: ``auto`` is every core; a number is used; ``close`` restores
-    the count the process had."""
+    """The built-in env has no worker processes: ``auto`` is every idle core (all of them on an idle machine, one
+    on a machine whose cores are all busy); a number is used; ``close`` restores the count the process had."""
+    import vla_rl.threads
     from vla_rl.config import from_dict
     from vla_rl.rl.trainer import TrainConfig, Trainer
     from vla_rl.threads import available_cores
@@ -148,8 +158,26 @@ def test_a_trainer_sets_its_threads_and_gives_the_previous_count_back(tmp_path, 
            "model": "tiny"}
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     before = torch.get_num_threads()
-    with Trainer(from_dict(TrainConfig, {**cfg, "out": str(tmp_path / "a")}), log=lambda *_: None) as t:
-        assert t.threads == available_cores() == torch.get_num_threads()
+    lines = []
+    for busy, expected in ((0.0, available_cores()), (float(available_cores()), 1)):
+        monkeypatch.setattr(vla_rl.threads, "measured_busy_cores", lambda b=busy: b)
+        with Trainer(from_dict(TrainConfig, {**cfg, "out": str(tmp_path / f"a{busy}")}), log=lines.append) as t:
+            assert t.threads == expected == torch.get_num_threads()
+    if available_cores() > 1:
+        assert f"torch threads in this process: 1 (threads=auto: 0 of {available_cores()} cores idle)" in lines
     with Trainer(from_dict(TrainConfig, {**cfg, "out": str(tmp_path / "b"), "threads": 1}), log=lambda *_: None):
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == before
+
+
+def test_busy_cores_read_from_proc_stat():
+    from vla_rl.threads import available_cores, busy_cores, cpu_ticks
+
+    stat = ("cpu  30 0 10 50 5 0 0 5 0 0\n"
+            "cpu0 10 0 5 20 5 0 0 0 0 0\n"      # busy 15 of 40 (iowait is idle)
+            "cpu1 20 0 5 30 0 0 0 5 0 0\n"      # busy 30 of 60 (steal is busy)
+            "intr 123 0 0\nctxt 9\n")
+    assert cpu_ticks(stat) == (45, 100)
+    assert cpu_ticks(stat, {1}) == (30, 60)
+    busy = busy_cores(0.05)
+    assert 0.0 <= busy <= available_cores() + 0.5   # the sample's own rounding (clock ticks of 10 ms)

@@ -293,7 +293,7 @@ def test_cli_serve_errors(exported, server, tmp_path, capsys):
     assert "port = 70000 is outside its valid range" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGINT])   # SIGTERM: the test of a robot's minimal install below
 def test_cli_serve_stops_cleanly_on_signals(exported, policy, sig):
     proc = subprocess.Popen([sys.executable, "-m", "vla_rl.cli", "serve", str(exported), "--port", "0"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -318,3 +318,125 @@ def test_cli_serve_stops_cleanly_on_signals(exported, policy, sig):
     assert any("stopped after 1 requests" in line for line in rest), rest
     with pytest.raises(OSError):   # the port is closed
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+
+# ------------------------------------------------------------------------------------- a robot's minimal install
+# Run first in a server process: the `train` extra's packages (and Pillow, which imageio and matplotlib pull in)
+# cannot be imported there, as on a robot that installed only `vla-rl[serve]`.
+# (None in sys.modules: `import X` fails and importlib.util.find_spec("X") is None, as for a missing package.)
+BLOCK_TRAINING = """
+import sys
+from vla_rl.cli import TRAIN_PACKAGES
+for name in [*TRAIN_PACKAGES, "PIL"]:
+    assert name not in sys.modules, name
+    sys.modules[name] = None
+"""
+
+
+def serve_in_subprocess(exported, prelude: str = "", python: str = sys.executable, cwd=ROOT, env=None):
+    """``vla-rl serve EXPORT --port 0`` in a process of ``python`` that first runs ``prelude``; returns the
+    process, its port and its output lines (a queue, from the first)."""
+    script = prelude + ("import sys\nfrom vla_rl.cli import main\n"
+                        f"sys.exit(main(['serve', {str(exported)!r}, '--port', '0']))\n")
+    proc = subprocess.Popen([python, "-c", script], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    seen, waited = [], 0
+    while True:
+        try:
+            line = lines.get(timeout=1)
+        except queue.Empty:
+            waited += 1   # start-up imports torch: slow on a busy machine
+            if proc.poll() is not None or waited > 120:
+                proc.kill()
+                pytest.fail(f"the server did not start: {''.join(seen)}")
+            continue
+        seen.append(line)
+        if m := re.search(r"serving .* on ws://127\.0\.0\.1:(\d+)", line):
+            for earlier in seen:   # handed back with the rest
+                lines.put(earlier)
+            return proc, int(m.group(1)), lines
+
+
+def stop_server(proc, lines) -> list[str]:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=TIMEOUT) == 0
+    rest = []
+    while not lines.empty():
+        rest.append(lines.get())
+    return rest
+
+
+def test_exported_policy_and_server_run_without_the_training_packages(exported, policy):
+    """load_exported().infer and `vla-rl serve` with none of the `train` extra importable: the answers are the
+    ones the full install gives, and the server stops cleanly on SIGTERM."""
+    obs = {**observation(5), "seed": 5}
+    probe = BLOCK_TRAINING + (
+        "import numpy as np\nfrom vla_rl.policies import load_exported\n"
+        f"obs = {{'image': np.frombuffer({obs['image'].tobytes()!r}, np.uint8).reshape({obs['image'].shape}), "
+        f"'state': np.frombuffer({obs['state'].tobytes()!r}, np.float32), 'prompt': {obs['prompt']!r}, 'seed': 5}}\n"
+        f"print('actions', load_exported({str(exported)!r}).infer(obs).tobytes().hex())\n")
+    proc, port, lines = serve_in_subprocess(exported, probe)
+    try:
+        assert_serving(port, policy)
+    finally:
+        if proc.poll() is None:
+            rest = stop_server(proc, lines)
+    printed = [x for x in rest if x.startswith("actions ")]
+    assert any("stopped after 1 requests" in x for x in rest), rest
+    assert bytes.fromhex(printed[-1].split()[1]) == np.asarray(policy.infer(obs)).tobytes()
+    with pytest.raises(OSError):   # the port is closed
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+
+def test_train_extra_matches_pyproject_and_its_absence_is_one_line(tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    tomllib = pytest.importorskip("tomllib")
+    from vla_rl.cli import TRAIN_PACKAGES, main
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = {re.split(r"[<>=!\[ ]", r)[0] for r in project["optional-dependencies"]["train"]}
+    assert names == set(TRAIN_PACKAGES.values())
+    base = {re.split(r"[<>=!\[ ]", r)[0] for r in project["dependencies"]}
+    assert base == {"torch", "numpy", "safetensors", "pyyaml"}   # a robot's install: nothing for training
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("tensorboard", "av")
+                        else real(name, *a))
+    assert main(["train", "builtin_flow_sde", f"out={tmp_path / 'run'}"]) == 2
+    assert capsys.readouterr().err.strip() == ("vla-rl: install error: `vla-rl train` needs the training packages, "
+                                               "and tensorboard, av are not installed: pip install 'vla-rl[train]'")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow   # a fresh virtual environment: torch and the base install (minutes, and the package index)
+def test_a_clean_venv_with_only_the_serve_extra_serves_an_exported_policy(tmp_path, exported, policy):
+    """`pip install 'vla-rl[serve]'` into a new virtual environment (torch installed first, as the README says)
+    installs none of the `train` extra, and its `vla-rl serve`, run outside the checkout, answers as ours."""
+    from vla_rl.cli import TRAIN_PACKAGES
+
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path / "wheel")], check=True, capture_output=True)
+    (wheel,) = (tmp_path / "wheel").glob("vla_rl-*.whl")
+    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "venv")], check=True)
+    py = str(tmp_path / "venv" / "bin" / "python")
+    torch_version = __import__("torch").__version__.split("+")[0]
+    got = subprocess.run([py, "-m", "pip", "install", "-q", f"torch=={torch_version}", "--extra-index-url",
+                          "https://download.pytorch.org/whl/cpu"], capture_output=True, text=True)
+    if got.returncode:
+        pytest.skip(f"torch {torch_version} could not be installed into a new venv: {got.stderr.strip()[-300:]}")
+    subprocess.run([py, "-m", "pip", "install", "-q", f"{wheel}[serve]"], check=True, capture_output=True)
+    listed = subprocess.run([py, "-m", "pip", "list", "--format=freeze"], check=True, capture_output=True,
+                            text=True).stdout
+    installed = {re.split(r"==", x)[0].lower().replace("_", "-") for x in listed.split()}
+    assert not installed & {*TRAIN_PACKAGES.values(), "pillow", "protobuf", "grpcio"}, sorted(installed)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc, port, lines = serve_in_subprocess(exported, python=py, cwd=tmp_path, env=env)
+    try:
+        assert_serving(port, policy)
+    finally:
+        if proc.poll() is None:
+            rest = stop_server(proc, lines)
+    assert any("stopped after 1 requests" in x for x in rest), rest

@@ -40,6 +40,47 @@ def test_colorreach_video_round_trip(tmp_path, suffix):
         assert np.asarray(frames[0]).shape[:2] == (64, 64)        # 32x32 images, scale 2
 
 
+def _seconds(path) -> float:
+    """How long a video plays: an mp4's frames over its rate; a GIF's frame durations (equal consecutive frames
+    are merged into one longer frame by the writer)."""
+    if path.suffix == ".gif":
+        from PIL import Image, ImageSequence
+
+        with Image.open(path) as im:
+            return sum(f.info["duration"] for f in ImageSequence.Iterator(im)) / 1000
+    with imageio.get_reader(path) as r:
+        return r.count_frames() / r.get_meta_data()["fps"]
+
+
+@pytest.mark.parametrize("suffix", [".mp4", ".gif"])
+def test_short_small_videos_are_enlarged_and_held_for_viewing(tmp_path, suffix):
+    """ColorReach's 32 px, 5-frame episode: nearest-neighbour to >= 256 px, each frame held so that it lasts
+    >= 2 s at 4 fps (what eval and bench write); long or large videos are left as they are."""
+    frames = [np.full((32, 32, 3), 40 * k, np.uint8) for k in range(5)]
+    frames[0][3, 5] = 255
+    path = record_video(frames, tmp_path / f"short{suffix}", fps=4, min_size=256, min_seconds=2.0)
+    back = [np.asarray(f)[..., :3] for f in imageio.mimread(path)]
+    assert back[0].shape == (256, 256, 3) and _seconds(path) == pytest.approx(2.5)   # 5 frames x 2 at 4 fps
+    if suffix == ".gif":   # lossless: the enlarged pixel is an exact 8 x 8 block
+        assert (back[0][24:32, 40:48] == 255).all() and (back[0][32:40, 40:48] == 0).all()
+    long = [np.full((300, 400, 3), k, np.uint8) for k in range(12)]
+    path = record_video(long, tmp_path / f"long{suffix}", fps=4, min_size=256, min_seconds=2.0)
+    assert imageio.mimread(path)[0].shape[:2] == (300, 400) and _seconds(path) == pytest.approx(3.0)
+
+
+def test_frames_turned_for_the_policy_are_turned_back_for_a_person():
+    """An env whose images are rotated 180 degrees (LIBERO's rot180) records upright frames, camera by camera."""
+    env = ColorReachEnv(2, seed=0)
+    plain = VideoRecorder(env, [1])
+    env.spec.images_rot180 = True
+    turned = VideoRecorder(env, [1])
+    obs = env.reset()
+    plain.add(obs)
+    turned.add(obs)
+    assert not np.array_equal(plain.frames[1][0], turned.frames[1][0])
+    assert np.array_equal(turned.frames[1][0], plain.frames[1][0][::-1, ::-1])   # one camera: the frame turned
+
+
 def test_mp4_pads_odd_sizes(tmp_path):
     frames = [np.full((15, 21, 3), 10 * k, np.uint8) for k in range(4)]
     path = record_video(frames, tmp_path / "odd.mp4", fps=4)

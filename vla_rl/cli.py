@@ -31,6 +31,26 @@ USER_ERRORS = [
     ("vla_rl.distributed.runtime", "ClusterError", "cluster"),
 ]
 
+# The `train` extra of pyproject.toml by import name (-> distribution name). The commands that train, evaluate, read
+# or write datasets and plot need it; a robot's install (the base and `serve`: `export`, `serve`) does not.
+TRAIN_PACKAGES = {"tqdm": "tqdm", "tensorboard": "tensorboard", "imageio": "imageio",
+                  "imageio_ffmpeg": "imageio-ffmpeg", "pyarrow": "pyarrow", "matplotlib": "matplotlib", "av": "av"}
+TRAIN_COMMANDS = ("demo", "train", "sft", "collect", "eval", "bench", "report")
+
+
+class MissingPackages(RuntimeError):
+    """A command needs packages of an extra that is not installed."""
+
+
+def check_train_packages(command: str) -> None:
+    """Refuse ``command`` (one of TRAIN_COMMANDS) in one line when the `train` extra is not installed."""
+    import importlib.util
+
+    missing = [dist for name, dist in TRAIN_PACKAGES.items() if importlib.util.find_spec(name) is None]
+    if missing:
+        raise MissingPackages(f"`vla-rl {command}` needs the training packages, and {', '.join(missing)} "
+                              "are not installed: pip install 'vla-rl[train]'")
+
 
 def _demo(args) -> int:
     from vla_rl.demo import DemoConfig, run_demo
@@ -260,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
                                      "LIBERO episodes in the LIBERO layout; overrides suite=libero_spatial "
                                      "task_ids=[0] episodes_per_task=2 max_episode_steps=50 image_size=256")
     col.add_argument("kind", help="builtin (scripted expert), maniskill (motion planner), libero (random policy)")
-    col.add_argument("out", help="dataset folder to write (replaced atomically if it exists)")
+    col.add_argument("out", help="dataset folder to write; one that holds anything is refused unless --overwrite "
+                                 "(then replaced atomically once the new dataset is complete)")
     col.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
     col.add_argument("--no-progress", action="store_true", help="no progress bars")
     col.set_defaults(func=_collect)
@@ -366,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
         args.config = None
     debug = args.debug or os.environ.get("VLA_RL_DEBUG", "") not in ("", "0")
     try:
+        if args.command in TRAIN_COMMANDS:
+            check_train_packages(args.command)
         return args.func(args)
     except KeyboardInterrupt:
         if debug:
@@ -397,6 +420,8 @@ def error_kind(e: BaseException) -> str | None:
         cls = getattr(sys.modules.get(module), name, None)
         if isinstance(cls, type) and isinstance(e, cls):
             return kind
+    if isinstance(e, MissingPackages):
+        return "install"
     if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
         return "memory"
     if isinstance(e, OSError):   # a full disk, a missing or unreadable file, no permission

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -27,7 +28,8 @@ from vla_rl.policies import flow
 from vla_rl.policies.model import FlowPolicy, count_parameters
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.rl.actor import Actor, SamplerConfig
-from vla_rl.sft import SFTConfig, train_sft
+from vla_rl.sft import SFTConfig, loss_summary, train_sft
+from vla_rl.threads import policy_threads, threads_note, torch_threads
 
 
 @dataclass(frozen=True)
@@ -43,12 +45,21 @@ class DemoConfig:
     rl_iterations: int = nonneg(80)  # 0: SFT only (measured, `make demo`: 0.54 -> 0.88 after 80)
     seed: int = nonneg(0)
     out: str = "runs/demo"
+    # torch threads of the whole demo, its RL run included: "auto" = the cores idle when it starts (vla_rl.threads)
+    threads: int | Literal["auto"] = ranged("auto", 1)
 
     def __post_init__(self):
         check_ranges(self)
 
 
 def run_demo(cfg: DemoConfig, *, progress: bool = True, overwrite: bool = False) -> dict:
+    """Run the demo (module docstring) into ``cfg.out``; returns what it measured."""
+    with torch_threads(policy_threads(cfg.threads)) as threads:
+        print(f"torch threads: {threads_note(cfg.threads, threads)}")
+        return _run_demo(cfg, progress=progress, overwrite=overwrite)
+
+
+def _run_demo(cfg: DemoConfig, *, progress: bool, overwrite: bool) -> dict:
     from vla_rl.outputs import check_output, clear_output
     from vla_rl.rl.trainer import TrainConfig, Trainer
 
@@ -66,7 +77,7 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, overwrite: bool = False)
     actor = Actor.for_env(model, norm, spec)
     print(f"policy '{cfg.model}': {count_parameters(model) / 1e6:.2f}M parameters; SFT for {cfg.sft.steps} steps")
     log = train_sft(actor, data, cfg.sft, progress=progress)
-    print(f"flow-matching loss {log[0]['losses/flow_matching']:.3f} -> {log[-1]['losses/flow_matching']:.3f}")
+    print(loss_summary(log))
     sft_path = save_policy(Path(cfg.out) / "sft", model, norm,
                            meta={"env": {"name": "builtin/color_reach", "state_dim": spec.state_dim,
                                          "action_dim": spec.action_dim}, "demo": to_dict(cfg)})
@@ -102,7 +113,7 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, overwrite: bool = False)
     train_cfg = load_preset(TrainConfig, "experiment", cfg.rl, {
         "init": str(sft_path), "out": str(Path(cfg.out) / "rl"), "iterations": cfg.rl_iterations,
         "env": {"builtin": to_dict(cfg.env)},
-        "seed": cfg.seed, "progress": progress, "eval_every": max(1, cfg.rl_iterations // 4)})
+        "seed": cfg.seed, "progress": progress, "threads": cfg.threads, "eval_every": max(1, cfg.rl_iterations // 4)})
     print(f"\nRL: preset '{cfg.rl}' ({train_cfg.sampler.method}, {train_cfg.ppo.algorithm}), "
           f"{cfg.rl_iterations} iterations x {train_cfg.env.num_envs} envs -> {train_cfg.out}")
     with Trainer(train_cfg) as trainer:

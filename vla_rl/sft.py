@@ -40,6 +40,20 @@ def lr_at(step: int, cfg: SFTConfig) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
+def loss_summary(log: list[dict]) -> str:
+    """``flow-matching loss 0.970 (steps 1-10) -> 0.412 (steps 91-100)``: the mean loss over the first and
+    the last logged window of a :func:`train_sft` log (one window: its mean alone)."""
+    def window(i: int) -> str:
+        start = log[i - 1]["step"] + 1 if i > 0 else 1
+        end = log[i]["step"]
+        return f"step {end}" if start == end else f"steps {start}-{end}"
+
+    first = f"flow-matching loss {log[0]['losses/flow_matching']:.3f} ({window(0)})"
+    if len(log) == 1:
+        return first
+    return f"{first} -> {log[-1]['losses/flow_matching']:.3f} ({window(len(log) - 1)})"
+
+
 def train_sft(actor: Actor, data: DemoDataset, cfg: SFTConfig, *, progress: bool = True) -> list[dict]:
     """Train ``actor.model`` on ``data`` (normalisation already in ``actor.norm``); returns the log."""
     model = actor.model
@@ -106,8 +120,8 @@ class SFTRunConfig:
     eval_seed: int | None = nonneg(None)   # None: 10_000 + seed (disjoint from the collection seeds)
     num_steps: int = ranged(4, 1)          # ODE steps of the evaluation
     execute: int = ranged(8, 1)            # actions executed per chunk in the evaluation
-    # torch threads of this process: "auto" = the cores left after one per env worker process (at least 1), or a
-    # number (1 when several jobs share the machine); see vla_rl.threads
+    # torch threads of this process: "auto" = the cores idle at the start less one per env worker process (at
+    # least 1), or a number (1 when several jobs start together on one machine); see vla_rl.threads
     threads: int | Literal["auto"] = ranged("auto", 1)
 
     def __post_init__(self):
@@ -228,10 +242,10 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True, ov
     print(f"policy '{cfg.init or cfg.model}': {count_parameters(model) / 1e6:.2f}M parameters; "
           f"SFT for {cfg.steps} steps")
     sft_cfg = SFTConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
-                        seed=cfg.seed, log_every=max(1, min(100, cfg.steps)))
+                        seed=cfg.seed, log_every=max(1, min(100, cfg.steps // 10)))
     with torch_threads(policy_threads(cfg.threads)):
         log = train_sft(actor, data, sft_cfg, progress=progress)
-    print(f"flow-matching loss {log[0]['losses/flow_matching']:.3f} -> {log[-1]['losses/flow_matching']:.3f}")
+    print(loss_summary(log))
     kind = env_dict.get("kind")
     env_name = {"builtin": "builtin/color_reach",
                 "maniskill": f"maniskill/{env_dict.get('maniskill', {}).get('task')}"}.get(kind, "lerobot")

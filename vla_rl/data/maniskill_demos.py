@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from vla_rl.data.dataset import DemoDataset, concat_episodes, select_episodes
-from vla_rl.envs.maniskill import default_instruction, ensure_vulkan
+from vla_rl.envs.maniskill import default_instruction, ensure_vulkan, make_task
 from vla_rl.progress import progress as progress_bar
 
 # The tasks ManiSkill 3.0.1 ships a Panda motion-planning solution for (``...panda.solutions``).
@@ -84,18 +84,18 @@ def _plan(task: str, num_episodes: int, out_dir: str | Path, *, seed: int, max_t
           log=print, progress: bool = False) -> tuple[Path, int, int, list[DroppedEpisode]]:
     """Plan seeds ``seed, seed + 1, ...`` until ``num_episodes`` plans succeed or ``max_tries`` seeds were
     tried; returns (the ``.h5``, plans kept, seeds tried, the failed seeds and why)."""
-    import gymnasium as gym
     from mani_skill.utils.wrappers.record import RecordEpisode
 
     if num_episodes < 1:
         raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
     solve = _solver(task)
+    # The env first: a task that cannot start (a package its scene needs) leaves no folder behind.
+    env = make_task(task, obs_mode="none", control_mode="pd_joint_pos", render_mode="rgb_array",
+                    sim_backend="physx_cpu")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in (out_dir / f"{task}.h5", out_dir / f"{task}.json"):
         stale.unlink(missing_ok=True)
-    env = gym.make(task, obs_mode="none", control_mode="pd_joint_pos", render_mode="rgb_array",
-                   sim_backend="physx_cpu")
     env = RecordEpisode(env, output_dir=str(out_dir), trajectory_name=task, save_video=False,
                         source_type="motionplanning", source_desc="ManiSkill's motion-planning solution",
                         record_reward=False, save_on_reset=False)

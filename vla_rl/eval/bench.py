@@ -26,9 +26,11 @@ import io
 import json
 import math
 import os
+import re
+import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,6 +39,7 @@ import torch
 from vla_rl.checkpoint import read_yaml_file
 from vla_rl.config import ConfigError, check_ranges, from_dict, nonneg, positive, to_dict
 from vla_rl.env_factory import EnvConfig, make_env
+from vla_rl.envs.worker_pool import WorkerError
 from vla_rl.eval.evaluate import checkpoint_env_config, evaluate_episodes
 from vla_rl.eval.paired import paired_difference
 from vla_rl.rl.actor import Actor, SamplerConfig
@@ -70,8 +73,8 @@ class BenchConfig:
     out: str = "runs/bench"
     env: dict[str, Any] = field(default_factory=dict)  # simulator settings (LiberoConfig / ManiSkillConfig fields)
     progress: bool = True
-    # torch threads of this process: "auto" = the cores left after one per env worker process (at least 1), or a
-    # number (1 when several jobs share the machine); see vla_rl.threads
+    # torch threads of this process: "auto" = the cores idle at the start less one per env worker process (at
+    # least 1), or a number (1 when several jobs start together on one machine); see vla_rl.threads
     threads: int | Literal["auto"] = positive("auto")
 
     def __post_init__(self):
@@ -191,15 +194,25 @@ def _identity(cfg: BenchConfig, weights: str) -> dict:
     return ident
 
 
+def _last_line(text: str) -> str:
+    """The last line of a worker's traceback (the exception), without its module path."""
+    lines = [x.strip() for x in text.strip().splitlines() if x.strip()]
+    return re.sub(r"^[\w.]+\.(\w+): ", r"\1: ", lines[-1]) if lines else text
+
+
 def run_task(actor_for, task: BenchTask, cfg: BenchConfig, out: Path, log) -> dict:
     """Evaluate one task and return its result document (videos written under ``out/videos``)."""
-    from vla_rl.envs.video import record_video
+    from vla_rl.envs.video import VIEW_MIN_SECONDS, VIEW_MIN_SIZE, record_video
 
     num_envs = min(cfg.workers, task.episodes)
-    env = make_env(task.env, num_envs=num_envs, device=torch.device(cfg.device), seed=task.seed)
+    try:
+        env = make_env(task.env, num_envs=num_envs, device=torch.device(cfg.device), seed=task.seed)
+    except WorkerError as e:   # the task cannot start here (a package its scene needs): the others still run
+        raise BenchError(f"its env did not start: {_last_line(str(e))}") from None
     start = time.perf_counter()
     try:
         actor = actor_for(env.spec)
+        limit = env.spec.max_episode_steps
         last = [0.0]
 
         def progress(done: int, total: int) -> None:
@@ -228,9 +241,11 @@ def run_task(actor_for, task: BenchTask, cfg: BenchConfig, out: Path, log) -> di
         if frames:
             tag = "success" if r["success_once"] else "failure"
             name = f"{task.suite}_{task.task}_ep{r['episode_seed']:05d}_{tag}.{cfg.video_format}"
-            r["video"] = str(record_video(frames, out / "videos" / name, fps=4).relative_to(out))
+            r["video"] = str(record_video(frames, out / "videos" / name, fps=4, min_size=VIEW_MIN_SIZE,
+                                          min_seconds=VIEW_MIN_SECONDS).relative_to(out))
     k = int(sum(r["success_once"] for r in records))
     return {"suite": task.suite, "task": task.task, "instruction": instruction, "episodes": len(records),
+            "max_episode_steps": limit,
             "successes": k, "success_rate": k / len(records), "se": binomial_se(k, len(records)),
             "seconds": time.perf_counter() - start, "records": records}
 
@@ -287,11 +302,28 @@ def run_bench(checkpoint: str | Path, cfg: BenchConfig, *, command: list[str] | 
         raise BenchError("no task of the suite could run: " + "; ".join(f"{s['task']}: {s['reason']}" for s in skipped))
     summary = summarize_bench(results)
     summary.update(skipped=skipped, checkpoint=str(checkpoint), weights_sha256=weights,
-                   command=" ".join(command) if command else None, settings=to_dict(cfg))
+                   command=" ".join(command) if command else equivalent_command(checkpoint, cfg),
+                   settings=to_dict(cfg))
     _write_json_atomic(out / "results.json", summary)
     (out / "results.md").write_text(bench_markdown(summary))
     (out / "results.csv").write_text(bench_csv(summary))
     return summary
+
+
+def equivalent_command(checkpoint: str | Path, cfg: BenchConfig) -> str:
+    """The ``vla-rl bench`` command line that runs ``cfg`` (what a bench started from Python records): the
+    settings that differ from the defaults, as ``key=value``."""
+    default = BenchConfig(suite=cfg.suite)
+    words = ["vla-rl", "bench", str(checkpoint), "--suite", cfg.suite]
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.name == "suite" or value == getattr(default, f.name):
+            continue
+        items = value.items() if f.name == "env" else [(None, value)]
+        for key, v in items:
+            text = v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
+            words.append(f"{f.name}.{key}={text}" if key else f"{f.name}={text}")
+    return " ".join(shlex.quote(w) for w in words)
 
 
 def read_task_result(path: Path) -> dict:
@@ -362,11 +394,12 @@ def compare_benches(base_dir: str | Path, new_dir: str | Path) -> dict:
     common = [k for k in base if k in new]
     if not common:
         raise BenchError(f"{base_dir} and {new_dir} share no task")
-    rows, pooled_b, pooled_n = [], [], []
+    rows, pooled_b, pooled_n, notes = [], [], [], []
     for key in common:
         b = {r["episode_seed"]: r["success_once"] for r in base[key]["records"]}
         n = {r["episode_seed"]: r["success_once"] for r in new[key]["records"]}
         seeds = sorted(set(b) & set(n))
+        notes += _unlike(key, base[key], new[key], len(seeds))
         if not seeds:
             continue
         res = paired_difference([b[s] for s in seeds], [n[s] for s in seeds])
@@ -375,15 +408,49 @@ def compare_benches(base_dir: str | Path, new_dir: str | Path) -> dict:
         pooled_n += [n[s] for s in seeds]
     pooled = asdict(paired_difference(pooled_b, pooled_n))
     return {"tasks": rows, "pooled": pooled, "only_base": sorted(set(base) - set(new)),
-            "only_new": sorted(set(new) - set(base))}
+            "only_new": sorted(set(new) - set(base)), "notes": notes}
+
+
+def _step_limit(doc: dict) -> int | None:
+    """A task result's episode step limit (older results name it only when set by ``env.max_episode_steps``)."""
+    limit = doc.get("max_episode_steps")
+    return limit if limit is not None else (doc.get("identity") or {}).get("env", {}).get("max_episode_steps")
+
+
+def _unlike(key: str, base: dict, new: dict, paired: int) -> list[str]:
+    """What makes one task's two results other than like for like: episode counts, step limits, settings."""
+    out = []
+    nb, nn = len(base["records"]), len(new["records"])
+    if nb != nn or paired < nb:
+        out.append(f"{key}: {nb} episodes in the base bench, {nn} in the new; {paired} paired (same episode seed)")
+    lb, ln = _step_limit(base), _step_limit(new)
+    if lb != ln:
+        out.append(f"{key}: different episode step limits (base {lb or 'default'}, new {ln or 'default'}): "
+                   "the two success rates count different things")
+    ib, i_n = base.get("identity") or {}, new.get("identity") or {}
+    skip = ("weights_sha256", "episodes", "env")
+    diff = [k for k in sorted(set(ib) | set(i_n)) if k not in skip and ib.get(k) != i_n.get(k)]
+    diff += [f"env.{k}" for k in sorted(set(ib.get("env", {})) | set(i_n.get("env", {})))
+             if k != "max_episode_steps" and ib.get("env", {}).get(k) != i_n.get("env", {}).get(k)]
+    if diff and ib and i_n:
+        out.append(f"{key}: other settings differ: " + ", ".join(
+            f"{k} (base {_setting(ib, k)}, new {_setting(i_n, k)})" for k in diff))
+    return out
+
+
+def _setting(identity: dict, key: str):
+    return identity.get("env", {}).get(key[4:]) if key.startswith("env.") else identity.get(key)
 
 
 def compare_markdown(cmp: dict, base_name: str, new_name: str) -> str:
-    lines = [f"| task | {base_name} | {new_name} | difference ± paired SE | better / worse | sign test p |",
-             "|---|---|---|---|---|---|"]
+    lines = [f"| task | {base_name} | {new_name} | difference ± paired SE | better / worse | sign test p "
+             "| episodes paired |", "|---|---|---|---|---|---|---|"]
     for r in [*cmp["tasks"], {"task": "**pooled**", **cmp["pooled"]}]:
         lines.append(f"| {r['task']} | {r['base_mean']:.3f} | {r['new_mean']:.3f} | {100 * r['diff']:+.1f} ± "
-                     f"{100 * r['se_paired']:.1f} | {r['new_better']} / {r['base_better']} | {r['sign_test_p']:.3g} |")
+                     f"{100 * r['se_paired']:.1f} | {r['new_better']} / {r['base_better']} | {r['sign_test_p']:.3g} "
+                     f"| {r['n']} |")
+    if cmp.get("notes"):
+        lines += ["", "Not like for like:", *[f"- {x}" for x in cmp["notes"]]]
     for side, keys in (("only in the base", cmp["only_base"]), ("only in the new", cmp["only_new"])):
         if keys:
             lines.append(f"\nTasks {side} bench (not compared): {', '.join(keys)}")

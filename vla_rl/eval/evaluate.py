@@ -169,8 +169,8 @@ class EvalConfig:
     video_dir: str | None = None
     video_format: Literal["mp4", "gif"] = "mp4"
     progress: bool = True
-    # torch threads of this process: "auto" = the cores left after one per env worker process (at least 1), or a
-    # number (1 when several jobs share the machine); see vla_rl.threads
+    # torch threads of this process: "auto" = the cores idle at the start less one per env worker process (at
+    # least 1), or a number (1 when several jobs start together on one machine); see vla_rl.threads
     threads: int | Literal["auto"] = ranged("auto", 1)
 
     def __post_init__(self):
@@ -252,7 +252,7 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, *, over
     finally:
         env.close()
     if cfg.videos:
-        from vla_rl.envs.video import record_video
+        from vla_rl.envs.video import VIEW_MIN_SECONDS, VIEW_MIN_SIZE, record_video
 
         video_dir = Path(cfg.video_dir or (Path(cfg.out).with_suffix("") if cfg.out else "runs/eval_videos"))
         for r in records:
@@ -260,7 +260,7 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, *, over
             if frames:
                 tag = "success" if r["success_once"] else "failure"
                 r["video"] = str(record_video(frames, video_dir / f"ep{r['episode_seed']}_{tag}.{cfg.video_format}",
-                                              fps=4))
+                                              fps=4, min_size=VIEW_MIN_SIZE, min_seconds=VIEW_MIN_SECONDS))
     metrics = summarize(records)
     if cfg.out:
         write_episode_file(cfg.out, checkpoint=str(path), config=asdict(cfg) | {"num_envs": num_envs},

@@ -138,6 +138,14 @@ def summary_table(summaries: list[RunSummary], target: float = TARGET) -> str:
     return head + "\n".join(rows) + "\n"
 
 
+def _steps_axis(ax) -> None:
+    """Env-step ticks as 25k / 1.2M, at most 6 of them: six-digit labels overlapped in a diagnostics panel."""
+    from matplotlib.ticker import EngFormatter, MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=5))
+    ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+
+
 def plot_runs(runs: list[Run], out_dir: str | Path) -> list[Path]:
     """Write ``success_vs_steps.png``, ``success_vs_time.png`` and ``diagnostics.png`` into ``out_dir``;
     returns their paths. Every run is one line, labelled with its name."""
@@ -159,6 +167,8 @@ def plot_runs(runs: list[Run], out_dir: str | Path) -> list[Path]:
                 xs = [x / 60 for x in xs]
             ax.plot(xs, ys, marker="o", markersize=3, label=run.name)
         ax.set_xlabel(xlabel)
+        if axis == 0:
+            _steps_axis(ax)
         ax.set_ylabel("evaluation success")
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
@@ -180,7 +190,10 @@ def plot_runs(runs: list[Run], out_dir: str | Path) -> list[Path]:
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("environment steps", fontsize=8)
         ax.grid(alpha=0.3)
-        if not shown:
+        if shown:
+            _steps_axis(ax)
+        else:
+            ax.set_xticks([])
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
     axes.flat[0].legend(fontsize=7)
     fig.tight_layout()

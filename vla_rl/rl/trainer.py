@@ -45,6 +45,7 @@ from vla_rl.progress import progress
 from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.metrics_log import MetricsLog, summary_line
+from vla_rl.rl.preflight import recorded_limit, rollout_warnings
 from vla_rl.rl.rollout import collect_rollout, first_episode_mask, step_groups
 from vla_rl.rl.state import (  # noqa: F401  (CHECKPOINT_PREFIX, latest_checkpoint: re-exported for callers)
     CHECKPOINT_PREFIX,
@@ -55,7 +56,7 @@ from vla_rl.rl.state import (  # noqa: F401  (CHECKPOINT_PREFIX, latest_checkpoi
     save_checkpoint,
     verify_checkpoint,
 )
-from vla_rl.threads import local_worker_processes, policy_threads
+from vla_rl.threads import local_worker_processes, policy_threads, threads_note
 
 
 class TrainingError(RuntimeError):
@@ -97,8 +98,8 @@ class TrainConfig:
     max_skipped_iterations: int = ranged(3, 1)
     tensorboard: bool = True
     progress: bool = True
-    # torch threads of this process: "auto" = the cores left after one per env worker process (at least 1), or a
-    # number (1 when several jobs share the machine); see vla_rl.threads
+    # torch threads of this process: "auto" = the cores idle at the start less one per env worker process (at
+    # least 1), or a number (1 when several jobs start together on one machine); see vla_rl.threads
     threads: int | Literal["auto"] = ranged("auto", 1)
     # "ray": env actors and learners on a Ray cluster as the `ray` section says (pip install 'vla-rl[ray]');
     # the same loop, and (env_actors 0) the same numbers as "local".
@@ -202,9 +203,7 @@ class Trainer:
         self.threads = policy_threads(cfg.threads, worker_processes=workers)
         self._threads_before = torch.get_num_threads()
         torch.set_num_threads(self.threads)
-        if workers or cfg.threads != "auto":
-            self.log(f"torch threads in this process: {self.threads} (threads={cfg.threads}; {workers} env worker "
-                     "process(es) with one thread each)")
+        self.log(f"torch threads in this process: {threads_note(cfg.threads, self.threads, worker_processes=workers)}")
         spec = self.env.spec
         if cfg.rollout_groups > 1:
             try:
@@ -216,10 +215,18 @@ class Trainer:
         elif cfg.init:
             from vla_rl.interop.lerobot import load_any_policy  # ours, or a LeRobot π0 / π0.5 folder
 
-            model, norm, _ = load_any_policy(cfg.init, device=self.device)
+            model, norm, init_config = load_any_policy(cfg.init, device=self.device)
         else:
             model = FlowPolicy(policy_preset(cfg.model)).to(self.device)
             norm = NormStats(Stats.identity(spec.state_dim), Stats.identity(spec.action_dim))
+        if self.resume_from is None:   # a resumed run was warned when it started
+            kind = cfg.env.kind
+            init_env = init_config.get("env_config") if cfg.init else None
+            dataset_limit = recorded_limit(init_env, kind, cfg.env.maniskill.task if kind == "maniskill" else None)
+            for warning in rollout_warnings(rollout_chunks=cfg.rollout_chunks, execute=cfg.execute,
+                                            episode_limit=spec.max_episode_steps, dataset_limit=dataset_limit,
+                                            limit_key=f"env.{kind}.max_episode_steps"):
+                self.log(f"warning: {warning}")
         if cfg.execute > model.cfg.action_horizon:
             raise ConfigError(f"execute={cfg.execute} exceeds the policy's action_horizon "
                               f"{model.cfg.action_horizon}")
