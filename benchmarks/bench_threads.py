@@ -5,13 +5,13 @@ machine as it is (idle or shared): the measurement behind ``threads: auto`` (vla
 
 Each round runs every setting once, in turn, each in a fresh process (so ``auto`` looks at the machine as a
 new command would): a ``vla-rl train builtin_flow_sde`` run from a fresh ``tiny`` policy (the demo's
-iteration: 64 envs, 4 chunks of 8 actions, Flow-SDE K=4, 2 epochs x 8 minibatches), ``--iterations``
-iterations after one warm-up, evaluation only at the start. ``all`` is every core this process may use (what
-``auto`` meant before it looked at the load). Prints, per setting, the threads it ran with, the median
-seconds per iteration (min-max over rounds; each round's value is the median of its iterations), the process's
-CPU seconds per iteration, and the load: the 1-minute load average at each run's start (min-max) and the
-cores other processes kept busy when ``auto`` looked (min-max). Wall-clock on a shared machine: compare
-settings within one run of this script, not across runs.
+iteration: 64 envs, 4 chunks of 8 actions, Flow-SDE K=4, 2 epochs x 8 minibatches), ``--iterations`` timed
+iterations between a warm-up one and a last one (which also evaluates and saves). ``all`` is every core this
+process may use (as torch does by default). Prints a line per run as it ends, then, per setting, the threads it
+ran with, the median seconds per iteration (min-max over rounds; each round's value is the median of its
+iterations), the process's CPU seconds per iteration, and the load: the 1-minute load average at each run's
+start (min-max) and the cores other processes kept busy when ``auto`` looked (min-max). Wall-clock on a shared
+machine: compare settings within one run of this script, not across runs.
 """
 
 from __future__ import annotations

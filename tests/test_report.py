@@ -73,3 +73,33 @@ def test_report_cli(tmp_path, capsys):
     assert "| a | 2 | 0.500 | 0.950 |" in out and (tmp_path / "rep" / "report.md").is_file()
     assert cli_main(["report", str(tmp_path / "missing"), "--out", str(tmp_path / "rep2")]) == 2
     assert "no metrics file" in capsys.readouterr().err
+
+
+def test_step_tick_labels_never_overlap(tmp_path, monkeypatch):
+    """Env-step ticks read 40k / 1.2M; plain six-digit labels (a 150k-step run: 0, 25000, ..., 175000) overlapped in
+    a diagnostics panel. Checked on the drawn figures."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from vla_rl.eval.report import plot_runs
+
+    crowded = []
+    savefig = Figure.savefig
+
+    def check(fig, fname, *a, **k):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        for ax in fig.axes:
+            boxes = [t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text()]
+            if any(left.x1 > right.x0 for left, right in zip(boxes, boxes[1:])):
+                crowded.append((str(fname), ax.get_title(), [t.get_text() for t in ax.get_xticklabels()]))
+        return savefig(fig, fname, *a, **k)
+
+    monkeypatch.setattr(Figure, "savefig", check)
+    for top in (150_000, 1_260_000):
+        recs = [{"iteration": i, "time/env_steps": top * i // 100, "time/wall_s": 30.0 * i, "eval/success_once": 0.5,
+                 "rollout/success_once": 0.5, "losses/approx_kl": 0.01} for i in range(1, 101)]
+        plot_runs([Run("run", recs)], tmp_path / str(top))
+    assert crowded == []

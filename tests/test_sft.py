@@ -9,7 +9,7 @@ from vla_rl.data.collect import collect_builtin_demos
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.rl.actor import Actor, SamplerConfig
-from vla_rl.sft import SFTConfig, train_sft
+from vla_rl.sft import SFTConfig, loss_summary, train_sft
 
 SMALL = {"depth": 2, "vision": {"depth": 1}, "prefix": {"width": 64, "mlp_dim": 128},
          "expert": {"width": 64, "mlp_dim": 128}}
@@ -43,6 +43,28 @@ def test_sft_loss_goes_down_and_samples_approach_the_data(trained):
     assert last < 0.5 * first, log
     after = chunk_error(actor, data, idx)
     assert after < 0.5 * before, (before, after)
+
+
+def test_the_loss_line_names_its_windows(trained):
+    """The first and the last logged window (each a mean over its steps), so 100 steps logged as one window read
+    as one number, not as "0.970 -> 0.970"."""
+    *_, log = trained
+    assert loss_summary(log) == (f"flow-matching loss {log[0]['losses/flow_matching']:.3f} (steps 1-50) -> "
+                                 f"{log[-1]['losses/flow_matching']:.3f} (steps 151-200)")
+    assert loss_summary([{"step": 100, "losses/flow_matching": 0.97}]) == "flow-matching loss 0.970 (steps 1-100)"
+    assert loss_summary([{"step": 1, "losses/flow_matching": 1.0}, {"step": 2, "losses/flow_matching": 0.5}]) == (
+        "flow-matching loss 1.000 (step 1) -> 0.500 (step 2)")
+
+
+def test_sft_of_100_steps_reports_a_start_and_an_end(tmp_path, capsys):
+    from vla_rl.data.collect import CollectConfig, collect_dataset
+    from vla_rl.sft import SFTRunConfig, run_sft
+
+    demos = collect_dataset("builtin", tmp_path / "demos", CollectConfig(episodes=2, seed=0))
+    run_sft(demos, SFTRunConfig(model="tiny", steps=20, batch_size=8, warmup_steps=2, eval_episodes=0, threads=1,
+                                out=str(tmp_path / "sft")), progress=False)
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("flow-matching loss"))
+    assert "(steps 1-2) -> " in line and line.endswith("(steps 19-20)"), line
 
 
 def test_checkpoint_roundtrip_and_corruption(trained, tmp_path):

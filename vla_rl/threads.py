@@ -6,9 +6,9 @@ themselves). ``threads: auto`` gives the policy process the cores that are idle 
 local worker process, at least one (:func:`auto_threads`), unless ``OMP_NUM_THREADS`` is set (then that count:
 the variable keeps its usual meaning); a number is used as given. Why idle cores and not every core: torch's
 threads wait for each other at the end of every parallel operation by spinning, so when another process holds
-one of the cores, every operation waits for the thread that lost its core; on a 2-core machine busy with one
-other job a built-in iteration took ~11 x longer with 2 threads than with 1 (benchmarks/RESULTS.md,
-bench_threads.py). Too few threads costs at most the parallel speed-up; too many costs several times more.
+one of the cores, every operation waits for the thread that lost its core; on a 2-core machine busy with other
+jobs a built-in iteration took 239 s with 2 threads and 17 s with 1 (benchmarks/RESULTS.md, bench_threads.py).
+Too few threads costs at most the parallel speed-up; too many costs several times more.
 """
 
 from __future__ import annotations
@@ -41,13 +41,17 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def idle_cores(cores: int, busy: float) -> int:
+    """Of ``cores``, how many other processes leave idle when they keep ``busy`` of them busy (``IDLE_SLACK``
+    forgives background noise)."""
+    return max(0, min(cores, math.floor(cores - max(0.0, busy) + IDLE_SLACK)))
+
+
 def auto_threads(cores: int, busy: float, worker_processes: int = 0) -> int:
     """``threads: auto`` as a pure function: of ``cores`` (this process may use), ``busy`` (how many of them
-    other processes keep busy) and ``worker_processes`` (this job's env workers, one core each), the number of
-    idle cores (``IDLE_SLACK`` forgives background noise) less one per worker, capped at ``cores`` less the
-    workers, at least 1."""
-    idle = math.floor(cores - max(0.0, busy) + IDLE_SLACK)
-    return max(1, min(cores, idle) - worker_processes)
+    other processes keep busy) and ``worker_processes`` (this job's env workers, one core each), the idle cores
+    less one per worker, at least 1."""
+    return max(1, idle_cores(cores, busy) - worker_processes)
 
 
 def cpu_ticks(stat: str, cpus: set[int] | None = None) -> tuple[int, int]:
@@ -136,8 +140,7 @@ def threads_note(setting: Threads, count: int, *, worker_processes: int = 0) -> 
     cores = available_cores()
     if cores - worker_processes <= 1:
         return f"{count} (threads=auto: {cores} core(s){workers})"
-    idle = max(0, math.floor(cores - measured_busy_cores() + IDLE_SLACK))
-    return f"{count} (threads=auto: {idle} of {cores} cores idle{workers})"
+    return f"{count} (threads=auto: {idle_cores(cores, measured_busy_cores())} of {cores} cores idle{workers})"
 
 
 def local_worker_processes(envs: Iterable) -> int:

@@ -412,7 +412,8 @@ def compare_benches(base_dir: str | Path, new_dir: str | Path) -> dict:
 
 
 def _step_limit(doc: dict) -> int | None:
-    """A task result's episode step limit (older results name it only when set by ``env.max_episode_steps``)."""
+    """A task result's episode step limit; a result that does not record it names it only where
+    ``env.max_episode_steps`` set it (None: not known)."""
     limit = doc.get("max_episode_steps")
     return limit if limit is not None else (doc.get("identity") or {}).get("env", {}).get("max_episode_steps")
 
@@ -424,9 +425,9 @@ def _unlike(key: str, base: dict, new: dict, paired: int) -> list[str]:
     if nb != nn or paired < nb:
         out.append(f"{key}: {nb} episodes in the base bench, {nn} in the new; {paired} paired (same episode seed)")
     lb, ln = _step_limit(base), _step_limit(new)
-    if lb != ln:
-        out.append(f"{key}: different episode step limits (base {lb or 'default'}, new {ln or 'default'}): "
-                   "the two success rates count different things")
+    if lb is not None and ln is not None and lb != ln:
+        out.append(f"{key}: different episode step limits (base {lb}, new {ln}): the two success rates count "
+                   "different things")
     ib, i_n = base.get("identity") or {}, new.get("identity") or {}
     skip = ("weights_sha256", "episodes", "env")
     diff = [k for k in sorted(set(ib) | set(i_n)) if k not in skip and ib.get(k) != i_n.get(k)]
