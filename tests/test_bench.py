@@ -184,8 +184,9 @@ def test_eval_records_maniskill_videos_of_a_state_policy(tmp_path):
     assert "video" not in second and first["length"] == 12
     assert first["video"] == str(tmp_path / "eval" / f"ep10000_{'success' if first['success_once'] else 'failure'}.mp4")
     frames = imageio.mimread(first["video"])
-    # the reset and the three chunks; the last frame is the episode's final state, rendered before its reset
-    assert len(frames) == 4 and frames[0].shape == (64, 64, 3) and frames[0].std() > 10   # a scene, not a blank
+    # the reset and the three chunks, each held twice (2 s at 4 fps), enlarged from 64 to 256 px for viewing; the
+    # last frame is the episode's final state, rendered before its reset
+    assert len(frames) == 8 and frames[0].shape == (256, 256, 3) and frames[0].std() > 10   # a scene, not a blank
     assert all(f.std() > 10 for f in frames) and not np.array_equal(frames[-1], frames[0])
 
 
@@ -201,3 +202,6 @@ def test_eval_records_videos_of_the_first_episodes(tmp_path, capsys):
     for e in eps[:2]:
         tag = "success" if e["success_once"] else "failure"
         assert e["video"].endswith(f"eval/ep{e['episode_seed']}_{tag}.gif") and os.path.getsize(e["video"]) > 0
+    import imageio.v2 as imageio
+
+    assert imageio.mimread(eps[0]["video"])[0].shape[:2] == (256, 256)   # the 32 px camera, enlarged for viewing
