@@ -25,6 +25,7 @@ from torch import Tensor
 
 from vla_rl.distributed.gradsync import sum_over_learners
 from vla_rl.policies.config import PolicyConfig
+from vla_rl.policies.lora import apply_lora
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats
 from vla_rl.rl.actor import Actor
@@ -108,6 +109,7 @@ class LearnerWorker:
         self.rank, self.world = rank, world
         self.device = torch.device(device)
         model = FlowPolicy(spec.policy)
+        apply_lora(model, spec.ppo.lora)   # the trainer's learner sends its adapters with the weights
         model.load_state_dict(spec.weights)
         model = model.to(self.device).eval()
         norm = NormStats.from_tensors(spec.norm, spec.norm_mode, spec.hidden_state)
