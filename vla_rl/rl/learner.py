@@ -264,7 +264,9 @@ class Learner:
 
     def _loss(self, obs, chain, stoch, old_lp, old_v, adv, ret, critic_only, ro: Rollout):
         cfg, model = self.cfg, self.actor.model
-        prefix = model.encode_prefix(obs)
+        # The prefix's final hidden states feed only a prefix-sourced value head: without one, the last prefix
+        # layer computes its keys and values alone (its attention output and MLP would reach no loss).
+        prefix = model.encode_prefix(obs, hidden=model.cfg.value_source == "prefix")
         value = model.value(prefix)
         v_loss, metrics = losses.value_loss(values=value, old_values=old_v, returns=ret, clip=cfg.value_clip,
                                             huber_delta=cfg.huber_delta)
@@ -314,8 +316,9 @@ def clip_grad_norms(optimizer: torch.optim.Optimizer, max_norm: float) -> tuple[
     norms = {}
     for group in optimizer.param_groups:
         params = [p for p in group["params"] if p.grad is not None]
-        norms[group.get("name")] = (torch.nn.utils.clip_grad_norm_(params, max_norm) if params
-                                    else torch.zeros(()))
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.zeros(())
+        # a sharded learner's norm is a distributed tensor: its value is the whole gradient's norm
+        norms[group.get("name")] = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
     return norms.get("actor", torch.zeros(())), norms.get("critic", torch.zeros(()))
 
 
