@@ -104,6 +104,9 @@ class TrainConfig:
     # the same loop, and (env_actors 0) the same numbers as "local".
     runtime: Literal["local", "ray"] = "local"
     ray: RayConfig = field(default_factory=RayConfig)
+    # On CUDA (local runtime) the run first plans its memory per GPU (vla_rl/rl/memory_plan.py) and stops before
+    # starting anything if it cannot fit, naming settings that would; false skips the check.
+    memory_plan: bool = True
 
     def __post_init__(self):
         check_ranges(self)
@@ -188,6 +191,11 @@ class Trainer:
             raise
 
     def _build(self, cfg: TrainConfig) -> None:
+        if cfg.memory_plan and self.device.type == "cuda" and cfg.runtime == "local":
+            from vla_rl.rl.memory_plan import check_plan, device_memory
+
+            free, name = device_memory(self.device)
+            check_plan(cfg, device_bytes=free, device_name=name, log=self.log)
         self.runtime = make_runtime(cfg.runtime, cfg.ray, log=self.log)
         if self.runtime.remote_envs:
             self.env = self.runtime.make_env(cfg.env, num_envs=cfg.env.num_envs, device=self.device, seed=cfg.seed,
