@@ -116,3 +116,15 @@ def test_two_sharded_learners_take_the_step_of_one_learner(sharded, case):
     for i, st in ref_state["state"].items():
         assert torch.allclose(state[i]["exp_avg"], st["exp_avg"], rtol=1e-3, atol=1e-6)
     one.optimizer.load_state_dict({"state": state, "param_groups": ref_state["param_groups"]})
+
+
+def test_sharding_config_is_checked():
+    from vla_rl.config import ConfigError, from_dict
+    from vla_rl.rl.trainer import TrainConfig
+
+    with pytest.raises(ConfigError, match="sharding: fsdp splits the learners' tensors among several learners"):
+        from_dict(TrainConfig, {"runtime": "ray", "ray": {"learners": 1, "sharding": "fsdp"}})
+    with pytest.raises(ConfigError, match="ray.sharding=fsdp goes with ppo.param_dtype=fp32"):
+        from_dict(TrainConfig, {"runtime": "ray", "ray": {"learners": 2, "sharding": "fsdp"},
+                                "ppo": {"optimizer_state_dtype": "bf16"}})
+    from_dict(TrainConfig, {"runtime": "ray", "ray": {"learners": 2, "sharding": "fsdp"}, "ppo": {"lora": {"rank": 4}}})

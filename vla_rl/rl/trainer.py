@@ -116,6 +116,11 @@ class TrainConfig:
             raise ConfigError(f"runtime: {self.runtime!r} is not one of ['local', 'ray']")
         if self.runtime == "local" and self.ray != RayConfig():
             raise ConfigError("ray is set but runtime is 'local': set runtime=ray or drop the ray section")
+        if self.runtime == "ray" and self.ray.sharding == "fsdp" and "bf16" in (self.ppo.param_dtype,
+                                                                              self.ppo.optimizer_state_dtype):
+            # the lean optimizer's stochastic rounding works on whole tensors, not on FSDP's shards (untested there)
+            raise ConfigError("ray.sharding=fsdp goes with ppo.param_dtype=fp32 and ppo.optimizer_state_dtype=fp32 "
+                              "(sharding already divides the optimizer state by the learners)")
         if self.runtime == "ray" and self.ray.env_actors:
             if self.ray.env_actors > self.env.num_envs:
                 raise ConfigError(f"ray.env_actors = {self.ray.env_actors} is more than env.num_envs = "
