@@ -374,7 +374,7 @@ def plan_memory(train_cfg, *, device_bytes: int | None = None, device_name: str 
     return plan
 
 
-def suggestions(train_cfg, device_bytes: int, *, cuda: bool = True) -> list[str]:
+def suggestions(train_cfg, device_bytes: int, *, cuda: bool = True, limit: int = 4) -> list[str]:
     """Settings (``key=value``) that would make ``train_cfg`` fit ``device_bytes`` per GPU, each checked with its own
     plan; the cheapest changes first."""
     from vla_rl.distributed.config import RayConfig
@@ -403,7 +403,7 @@ def suggestions(train_cfg, device_bytes: int, *, cuda: bool = True) -> list[str]
             continue
         if plan_memory(cfg, device_bytes=device_bytes, cuda=cuda).fits:
             out.append(label)
-            if len(out) >= 4:
+            if len(out) >= limit:
                 break
     return out
 
@@ -417,7 +417,7 @@ def device_memory(device: torch.device) -> tuple[int, str] | None:
 
 
 def check_plan(train_cfg, *, device_bytes: int | None, device_name: str = "", cuda: bool = True,
-               log=print) -> MemoryPlan:
+               log=print, max_suggestions: int = 4) -> MemoryPlan:
     """Print ``train_cfg``'s plan; raise :class:`~vla_rl.config.ConfigError` if it does not fit ``device_bytes``,
     naming the settings that would make it fit."""
     from vla_rl.config import ConfigError
@@ -425,7 +425,7 @@ def check_plan(train_cfg, *, device_bytes: int | None, device_name: str = "", cu
     plan = plan_memory(train_cfg, device_bytes=device_bytes, device_name=device_name, cuda=cuda)
     log(plan.table())
     if plan.fits is False:
-        fixes = suggestions(train_cfg, device_bytes, cuda=cuda)
+        fixes = suggestions(train_cfg, device_bytes, cuda=cuda, limit=max_suggestions)
         advice = ("it would fit with " + "; or ".join(f"`{f}`" for f in fixes)) if fixes else \
             "none of checkpointing, smaller micro-batches, bf16 optimizer options, LoRA, freeze_prefix or up to 8 " \
             "sharded learners makes it fit"
