@@ -138,3 +138,20 @@ def test_make_optimizer_picks_torch_adamw_for_fp32():
     p = [torch.nn.Parameter(torch.zeros(2))]
     assert type(make_optimizer([{"params": p}], weight_decay=0.0)) is torch.optim.AdamW
     assert type(make_optimizer([{"params": p}], weight_decay=0.0, state_dtype="bf16")) is LeanAdamW
+
+
+def test_a_lean_run_resumes_exactly(sft_checkpoint, tmp_path):
+    """bf16 weights and moments through the trainer: rollouts sample with the bf16 weights, checkpoints keep the fp32
+    masters, and a resumed run repeats the uninterrupted one."""
+    from helpers import train_config
+
+    from vla_rl.rl.trainer import Trainer, resume_trainer
+
+    ppo = {"param_dtype": "bf16", "optimizer_state_dtype": "bf16", "update_epochs": 1, "minibatches": 2}
+    quiet = lambda *_: None  # noqa: E731
+    strip = lambda hs: [{k: v for k, v in h.items() if not k.startswith("time/")} for h in hs]  # noqa: E731
+    full = Trainer(train_config(sft_checkpoint, tmp_path / "full", ppo=ppo), log=quiet).run()
+    Trainer(train_config(sft_checkpoint, tmp_path / "part", ppo=ppo, iterations=1), log=quiet).run()
+    resumed = resume_trainer(tmp_path / "part", overrides={"iterations": 2}, log=quiet)
+    assert resumed.actor.model.action_in.weight.dtype == torch.bfloat16
+    assert strip(resumed.run()) == strip(full)
