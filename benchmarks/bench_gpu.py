@@ -4,10 +4,12 @@
    loop eager, torch.compile'd and captured as a CUDA graph (target: <= 50 ms per chunk);
 2. the same at batch 64, against the prefix alone (target: chunk <= 1.3 x prefix-only time);
 3. one PPO update (one epoch, one minibatch of --ppo-batch >= 64 chunk samples) under bf16 autocast with
-   activation checkpointing: time and peak memory (target: fits one 80 GB GPU), mixed Flow-SDE and Flow-Noise.
+   activation checkpointing: time and peak memory (target: fits one 80 GB GPU), mixed Flow-SDE and Flow-Noise,
+   training everything, the expert only (freeze_prefix) or LoRA r=16 (--train), beside the memory plan (--plan).
 
     python benchmarks/bench_gpu.py [--model pi0] [--num-steps 10] [--batch 64] [--ppo-batch 64] [--repeats 10]
-                                   [--checkpointing all,none] [--skip sampling,batch,ppo]
+                                   [--checkpointing all,none] [--train full,freeze_prefix,lora] [--plan]
+                                   [--skip sampling,batch,ppo]
 
 Wall-clock milliseconds with CUDA synchronisation, median of --repeats after warm-up (torch.compile and the
 graph capture happen in the warm-up). TF32 matmuls are allowed (the fp32 rows are what a user would get).
@@ -29,6 +31,7 @@ import torch
 from vla_rl.config import policy_preset
 from vla_rl.policies import flow
 from vla_rl.policies.inference import Denoiser, cast_weights
+from vla_rl.policies.lora import LoRAConfig, merge_lora
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.rl.actor import Actor, SamplerConfig
@@ -125,10 +128,41 @@ def synthetic_rollout(model: FlowPolicy, actor: Actor, n: int, method: str, k: i
                    last_values=values, sampler=sampler, execute=cfg.action_horizon)
 
 
-def one_update(model: FlowPolicy, actor: Actor, method: str, parts: str, args, device: torch.device) -> tuple[str, str]:
+TRAIN = {"full": {}, "freeze_prefix": {"freeze_prefix": True}, "lora": {"lora": LoRAConfig(rank=16)}}
+
+
+def restore(model: FlowPolicy) -> None:
+    """Undo what a learner did to the model: LoRA adapters merged away, every parameter trainable again."""
+    merge_lora(model)
+    for p in model.parameters():
+        p.requires_grad_(True)
+        p.grad = None
+
+
+def planned_gib(args, method: str, parts: str, train: str, cuda: bool) -> str:
+    """The memory plan's total for this row's update (vla_rl/rl/memory_plan.py), to set beside the measured peak."""
+    from vla_rl.config import from_dict
+    from vla_rl.rl.memory_plan import GIB, plan_memory
+    from vla_rl.rl.trainer import TrainConfig
+
+    ppo = {"minibatches": 1, "update_epochs": 1, "grad_checkpointing": parts,
+           **({"freeze_prefix": True} if train == "freeze_prefix" else {}),
+           **({"lora": {"rank": 16}} if train == "lora" else {})}
+    cfg = from_dict(TrainConfig, {"model": args.model, "bf16": True, "env": {"num_envs": args.ppo_batch},
+                                  "rollout_chunks": 1, "sampler": {"num_steps": args.num_steps, "method": method},
+                                  "ppo": ppo})
+    plan = plan_memory(cfg, cuda=cuda)
+    # the bench's update holds no sampling activations beside it: the update's rows alone
+    total = sum(b for what, b, _ in plan.rows if not what.startswith("sampling"))
+    return f"{total / GIB:.3g}"
+
+
+def one_update(model: FlowPolicy, actor: Actor, method: str, parts: str, args, device: torch.device,
+               train: str = "full") -> tuple[str, str]:
     """Update time (ms) and peak memory (GiB) of one PPO update; "out of memory" if it does not fit."""
     ro = synthetic_rollout(model, actor, args.ppo_batch, method, args.num_steps, device)
-    learner = Learner(actor, PPOConfig(update_epochs=1, minibatches=1, grad_checkpointing=parts), bf16=True)
+    learner = Learner(actor, PPOConfig(update_epochs=1, minibatches=1, grad_checkpointing=parts, **TRAIN[train]),
+                      bf16=True)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     try:
@@ -141,20 +175,23 @@ def one_update(model: FlowPolicy, actor: Actor, method: str, parts: str, args, d
 
 
 def ppo_rows(model: FlowPolicy, args, device: torch.device) -> list[tuple]:
-    """(method, checkpointing, samples, update ms, peak GiB) rows."""
+    """(training, method, checkpointing, samples, update ms, peak GiB, planned GiB) rows."""
     cfg = model.cfg
     actor = Actor(model, NormStats(Stats.identity(cfg.state_dim), Stats.identity(cfg.action_dim)))
     rows = []
-    for method in ("sde", "noise"):
-        for parts in args.checkpointing.split(","):
-            try:
-                rows.append((method, parts, args.ppo_batch, *one_update(model, actor, method, parts, args, device)))
-            except torch.cuda.OutOfMemoryError:   # already the rollout's sampling
-                rows.append((method, parts, args.ppo_batch, "out of memory", "-"))
-            finally:   # the optimizer's state went with the learner; free the cached blocks for the next row
-                model.zero_grad(set_to_none=True)
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
+    for train in args.train.split(","):
+        for method in args.methods.split(","):
+            for parts in args.checkpointing.split(","):
+                plan = planned_gib(args, method, parts, train, device.type == "cuda") if args.plan else "-"
+                try:
+                    rows.append((train, method, parts, args.ppo_batch,
+                                 *one_update(model, actor, method, parts, args, device, train), plan))
+                except torch.cuda.OutOfMemoryError:   # already the rollout's sampling
+                    rows.append((train, method, parts, args.ppo_batch, "out of memory", "-", plan))
+                finally:   # the optimizer's state went with the learner; free the cached blocks for the next row
+                    restore(model)
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
     return rows
 
 
@@ -167,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--modes", default="none,compile,cudagraph", help="denoising loops to time with bf16 weights")
     p.add_argument("--checkpointing", default="all,none", help="activation checkpointing parts for the PPO rows")
+    p.add_argument("--train", default="full", help="what the PPO rows train: full, freeze_prefix, lora (rank 16)")
+    p.add_argument("--methods", default="sde,noise", help="sampler methods of the PPO rows")
+    p.add_argument("--plan", action="store_true", help="set the memory plan's total beside each PPO row's peak")
     p.add_argument("--skip", default="", help="sections to leave out: sampling, batch, ppo")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny preset, tiny batches: a test of the code paths")
     args = p.parse_args(argv)
@@ -202,12 +242,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"| {weights} | {mode} | {batch} | {pre:.1f} | {chunk:.1f} | {chunk / pre:.2f} |", flush=True)
         print()
     if "ppo" not in skip:
-        print("| PPO update (bf16 autocast, 1 epoch, 1 minibatch) | activation checkpointing | samples | ms | "
-              "peak GiB |")
-        print("|---|---|---|---|---|")
-        for method, parts, n, ms, peak in ppo_rows(model.train(), args, device):
+        print("| PPO update (bf16 autocast, 1 epoch, 1 minibatch) | trains | activation checkpointing | samples | "
+              "ms | peak GiB | planned GiB |")
+        print("|---|---|---|---|---|---|---|")
+        for train, method, parts, n, ms, peak, plan in ppo_rows(model.train(), args, device):
             label = {"sde": "mixed Flow-SDE", "noise": "Flow-Noise"}[method]
-            print(f"| {label}, K={args.num_steps} | {parts} | {n} | {ms} | {peak} |", flush=True)
+            what = {"full": "everything", "freeze_prefix": "expert + heads", "lora": "LoRA r=16 + expert + heads"}
+            print(f"| {label}, K={args.num_steps} | {what[train]} | {parts} | {n} | {ms} | {peak} | {plan} |",
+                  flush=True)
     return 0
 
 

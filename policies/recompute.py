@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal
 
 import torch
@@ -56,20 +56,32 @@ def _targets(model: FlowPolicy, parts: str) -> list[tuple[nn.Module, tuple[str, 
     return out
 
 
-@contextlib.contextmanager
-def activation_checkpointing(model: FlowPolicy, parts: Parts) -> Iterator[FlowPolicy]:
-    """Within the block, the layers of ``parts`` of ``model`` recompute their activations in the backward pass
-    (``none``: nothing changes). The model is restored when the block ends, so nothing of it is saved,
-    copied or sent elsewhere (checkpoints, Ray actors) while it is on."""
+def checkpoint_layers(model: FlowPolicy, parts: Parts) -> Callable[[], None]:
+    """Make the layers of ``parts`` of ``model`` recompute their activations in the backward pass, until the
+    returned function is called (which restores them). A sharded learner keeps them on for its whole life, so
+    that FSDP's hooks wrap the recomputed methods (vla_rl/distributed/fsdp.py)."""
     targets = _targets(model, parts)
     for module, names in targets:
         for name in names:
             if name in module.__dict__:
                 raise RuntimeError(f"{type(module).__name__}.{name} is already checkpointed (nested blocks?)")
             module.__dict__[name] = _recomputed(module, name)
-    try:
-        yield model
-    finally:
+
+    def undo() -> None:
         for module, names in targets:
             for name in names:
                 module.__dict__.pop(name, None)
+
+    return undo
+
+
+@contextlib.contextmanager
+def activation_checkpointing(model: FlowPolicy, parts: Parts) -> Iterator[FlowPolicy]:
+    """Within the block, the layers of ``parts`` of ``model`` recompute their activations in the backward pass
+    (``none``: nothing changes). The model is restored when the block ends, so nothing of it is saved,
+    copied or sent elsewhere (checkpoints, Ray actors) while it is on."""
+    undo = checkpoint_layers(model, parts)
+    try:
+        yield model
+    finally:
+        undo()

@@ -108,6 +108,25 @@ def test_two_ray_learners_give_the_metrics_and_weights_of_a_local_run(cluster, s
         assert type(resumed.learner).__name__ == "Learner"
 
 
+@pytest.mark.slow   # ~30 s on 2 shared cores; tests/test_fsdp.py checks the sharded step itself by default
+def test_two_sharded_ray_learners_give_the_metrics_and_checkpoints_of_a_local_run(cluster, sft, local_run, tmp_path):
+    """``ray.sharding=fsdp``: the two learner actors shard the weights and Adam's moments (FSDP2 over gloo); the run
+    has the local run's metrics, and its checkpoints (gathered) hold the local run's weights and optimizer state."""
+    history, local_dir = local_run
+    cfg = config(sft, tmp_path / "ray", runtime="ray", ray={"learners": 2, "learner_cpus": 0.5, "sharding": "fsdp"})
+    lines = []
+    with Trainer(cfg, log=lines.append) as trainer:
+        got = trainer.run()
+    assert "ray: 2 learner(s) on 1 node(s), gloo, sharded (fsdp) (colocated)" in lines
+    assert_same_metrics(history, got, rel=1e-4)
+    for name in ("model", "optimizer"):
+        want = read_tensors(local_dir / "checkpoints" / "iter_000002" / f"{name}.safetensors")
+        have = read_tensors(tmp_path / "ray" / "checkpoints" / "iter_000002" / f"{name}.safetensors")
+        assert want.keys() == have.keys()
+        for k in want:
+            assert torch.allclose(have[k], want[k], rtol=1e-3, atol=1e-5), (name, k)
+
+
 def test_env_actors_give_the_metrics_of_a_local_run_and_survive_a_killed_actor(cluster, sft, tmp_path,
                                                                                    monkeypatch):
     """Two env actors run the built-in task's single envs: the same metrics as a local run of the same single

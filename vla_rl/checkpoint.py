@@ -21,6 +21,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from vla_rl.config import ConfigError, from_dict, to_dict
+from vla_rl.policies import lora
 from vla_rl.policies.config import PolicyConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats
@@ -155,11 +156,17 @@ def read_yaml_file(path: Path) -> dict:
 
 
 def policy_files(model: FlowPolicy, norm: NormStats, meta: dict | None = None) -> tuple[dict, dict]:
-    """The tensors and YAML files of a policy folder (a training checkpoint adds its own to these)."""
+    """The tensors and YAML files of a policy folder (a training checkpoint adds its own to these). A model with
+    LoRA adapters keeps its base weights in ``model.safetensors`` (the keys of the plain policy) and the adapters
+    in ``adapters.safetensors``, described by ``config.yaml``'s ``lora`` entry; loading merges them."""
     config = {"format_version": FORMAT_VERSION, "policy": to_dict(model.cfg),
               "normalization": {"mode": norm.mode,
                                 "hidden_state_dims": list(norm.hidden_state)}, **(meta or {})}
-    tensors = {"model": model.state_dict(), "norm_stats": norm.to_tensors()}
+    base, adapters = lora.split_state(model.state_dict())
+    tensors = {"model": base, "norm_stats": norm.to_tensors()}
+    if adapters:
+        tensors["adapters"] = adapters
+        config["lora"] = lora.lora_meta(model)
     if model.cfg.tokenizer == "sentencepiece":
         if model.text_tokenizer is None:
             raise CheckpointError("this policy tokenizes with SentencePiece but has no tokenizer attached; "
@@ -205,6 +212,8 @@ def load_policy(path: str | Path, device="cpu") -> tuple[FlowPolicy, NormStats, 
         model = FlowPolicy(cfg)
     expected = model.state_dict()
     state = read_tensors_lazily(path / "model.safetensors", expected)
+    if config.get("lora") is not None:   # LoRA adapters: folded into the weights they adapt
+        state = merge_adapters(path, config, state)
     model.load_state_dict(state, assign=True)
     del state
     if cfg.tokenizer == "sentencepiece":
@@ -219,6 +228,25 @@ def load_policy(path: str | Path, device="cpu") -> tuple[FlowPolicy, NormStats, 
     except ValueError as e:
         raise CheckpointError(f"{path}: {e}") from None
     return model.to(device).eval(), norm, config
+
+
+def adapter_scaling(path: Path, config: dict) -> float:
+    """The scaling of the LoRA adapters a policy folder's ``config.yaml`` describes."""
+    meta = config.get("lora")
+    scaling = meta.get("scaling") if isinstance(meta, dict) else None
+    if isinstance(scaling, bool) or not isinstance(scaling, (int, float)) or not scaling > 0:
+        raise CheckpointError(f"{path}/config.yaml: lora.scaling must be a number > 0, got {scaling!r}")
+    return float(scaling)
+
+
+def merge_adapters(path: Path, config: dict, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` (base weights) with the folder's ``adapters.safetensors`` folded in (``W + s B A``)."""
+    scaling = adapter_scaling(path, config)
+    adapters = read_tensors(path / "adapters.safetensors")
+    try:
+        return lora.merge_state(state, adapters, scaling)
+    except ValueError as e:
+        raise CheckpointError(f"{path}/adapters.safetensors: {e}") from None
 
 
 def read_tensors_lazily(path: Path, expected: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -70,6 +70,12 @@ def _train(args) -> int:
         if args.config:
             raise ConfigError(f"give either a CONFIG ({args.config}) or --resume RUN_DIR, not both: a resumed run "
                               "keeps its own config (change settings with key=value overrides)")
+        if args.plan:
+            from vla_rl.rl.state import latest_checkpoint
+            from vla_rl.rl.trainer import resumed_config
+
+            saved = read_yaml(latest_checkpoint(args.resume) / "train_config.yaml")
+            return _plan(from_dict(TrainConfig, resumed_config(saved, overrides)), args.gpu_memory)
         trainer = resume_trainer(args.resume, overrides=overrides)
         print(f"resuming {args.resume} at iteration {trainer.iteration}")
     else:
@@ -77,6 +83,8 @@ def _train(args) -> int:
             raise ConfigError("give a CONFIG (a preset name from configs/experiment or a YAML path), or --resume")
         base = read_yaml(preset_path("experiment", args.config))
         cfg = from_dict(TrainConfig, merge(base, overrides))
+        if args.plan:
+            return _plan(cfg, args.gpu_memory)
         trainer = Trainer(cfg, overwrite=args.overwrite)
     with trainer:   # closes the envs' worker processes however the run ends
         history = trainer.run()
@@ -85,6 +93,26 @@ def _train(args) -> int:
         print(f"eval success: {evals[0]['eval/success_once']:.3f} (iteration {evals[0]['iteration']}) -> "
               f"{evals[-1]['eval/success_once']:.3f} (iteration {evals[-1]['iteration']})")
     print(f"run folder: {trainer.run_dir}")
+    return 0
+
+
+def _plan(cfg, gpu_memory: float | None) -> int:
+    """``vla-rl train ... --plan``: the memory plan per GPU against ``gpu_memory`` GB (default: this machine's CUDA
+    device's free memory; none: the table alone). Exit 0 if it fits (or no device to compare), else a config error."""
+    import torch
+
+    from vla_rl.config import resolve_device
+    from vla_rl.rl.memory_plan import GIB, check_plan, device_memory
+
+    # planning for a GPU this machine does not have: --gpu-memory with device=cuda plans without one
+    device = torch.device(cfg.device) if gpu_memory is not None else resolve_device(cfg.device)
+    found = device_memory(device) if gpu_memory is None else (int(gpu_memory * 1e9), f"a {gpu_memory:g} GB GPU")
+    cuda = device.type == "cuda"
+    plan = check_plan(cfg, device_bytes=found[0] if found else None, device_name=found[1] if found else "",
+                      cuda=cuda)
+    if found is None:
+        print(f"(no CUDA device here: give --gpu-memory GB to check it against a card; total "
+              f"{plan.total / GIB:.1f} GiB + reserve)")
     return 0
 
 
@@ -251,6 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest checkpoint")
     train.add_argument("--no-progress", action="store_true", help="no progress bars")
+    train.add_argument("--plan", action="store_true",
+                       help="print the memory plan per GPU (weights, gradients, optimizer, rollout, activations) "
+                            "and exit; a config that cannot fit is an error naming settings that would")
+    train.add_argument("--gpu-memory", type=float, metavar="GB",
+                       help="with --plan: check against a GPU of this many GB (default: this machine's GPU)")
     train.set_defaults(func=_train)
 
     ev = sub.add_parser("eval", help="evaluate a checkpoint folder with the deterministic ODE sampler",

@@ -36,6 +36,10 @@ class RayConfig:
     learners: int = nonneg(1)
     learner_cpus: float = positive(1.0)
     learner_gpus: float = nonneg(0.0)
+    # "fsdp": the learners shard every trained tensor (weights, gradients, Adam's moments) among themselves
+    # (FSDP2, vla_rl/distributed/fsdp.py) instead of each holding a replica; the same steps, 1/learners of the
+    # memory. Checkpoints stay whole (gathered), so they load anywhere.
+    sharding: Literal["none", "fsdp"] = "none"
     # torch threads of a learner; None: its CPUs rounded down (at least 1)
     learner_threads: int | None = positive(None)
     # Placement group strategy of every group; auto: STRICT_PACK colocated, and disaggregated SPREAD for the env
@@ -63,6 +67,11 @@ class RayConfig:
         if self.address is not None and (self.num_cpus is not None or self.num_gpus is not None):
             raise ConfigError("num_cpus / num_gpus size a private Ray instance (address: null); a cluster "
                               f"({self.address!r}) has the resources its nodes were started with")
+        if self.sharding not in ("none", "fsdp"):
+            raise ConfigError(f"sharding: {self.sharding!r} is not one of ['none', 'fsdp']")
+        if self.sharding == "fsdp" and self.learners < 2:
+            raise ConfigError(f"sharding: fsdp splits the learners' tensors among several learners; learners = "
+                              f"{self.learners} (set ray.learners >= 2)")
         if self.env_actors == 0 and self.learners == 0:
             raise ConfigError("env_actors and learners are both 0: nothing would run on Ray (use runtime: local)")
 

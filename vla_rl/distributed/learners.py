@@ -23,8 +23,10 @@ from datetime import timedelta
 import torch
 from torch import Tensor
 
+from vla_rl.distributed.fsdp import full_optimizer_state, full_weights, metrics_sync, shard_learner
 from vla_rl.distributed.gradsync import sum_over_learners
 from vla_rl.policies.config import PolicyConfig
+from vla_rl.policies.lora import apply_lora
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats
 from vla_rl.rl.actor import Actor
@@ -103,13 +105,16 @@ def load_weights(model: torch.nn.Module, weights: dict[str, Tensor]) -> None:
 class LearnerWorker:
     """One learner replica (the body of a Ray actor): rank ``rank`` of ``world``."""
 
-    def __init__(self, rank: int, world: int, spec: LearnerSpec, *, device: str, threads: int):
+    def __init__(self, rank: int, world: int, spec: LearnerSpec, *, device: str, threads: int,
+                 sharded: bool = False):
         torch.set_num_threads(threads)
-        self.rank, self.world = rank, world
+        self.rank, self.world, self.sharded = rank, world, sharded
         self.device = torch.device(device)
         model = FlowPolicy(spec.policy)
+        apply_lora(model, spec.ppo.lora)   # the trainer's learner sends its adapters with the weights
         model.load_state_dict(spec.weights)
-        model = model.to(self.device).eval()
+        # a sharded learner's whole model stays on the CPU: sharding moves each learner's shards to its device
+        model = model.to("cpu" if sharded else self.device).eval()
         norm = NormStats.from_tensors(spec.norm, spec.norm_mode, spec.hidden_state)
         actor = Actor(model, norm, env_state_dim=spec.env_state_dim, env_action_dim=spec.env_action_dim,
                       action_low=spec.action_low, action_high=spec.action_high)
@@ -120,6 +125,8 @@ class LearnerWorker:
             ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
             reduce = lambda t, op: dist.all_reduce(t, op=ops[op])  # noqa: E731
             sync = lambda params, metrics: sum_over_learners(params, metrics, reduce)  # noqa: E731
+            if sharded:   # FSDP sums the gradients itself; only the metrics are combined
+                sync = metrics_sync(reduce, self.device)
         self.learner = Learner(actor, spec.ppo, bf16=spec.bf16, total_iterations=spec.total_iterations,
                                shard=(rank, world), sync=sync)
         self.learner.optimizer.load_state_dict(spec.optimizer)
@@ -139,14 +146,24 @@ class LearnerWorker:
 
         dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
                                 world_size=self.world, timeout=timedelta(seconds=timeout_s))
+        if self.sharded:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            shard_learner(self.learner, init_device_mesh(self.device.type, (self.world,)))
 
     def update(self, rollout: Rollout, iteration: int, send_weights: bool) -> tuple:
         ro = rollout_to(rollout, self.device)
         metrics = self.learner.update(ro, iteration=iteration)
-        weights = trainable_weights(self.learner.actor.model) if send_weights else None
+        if self.sharded:   # gathering the shards is a collective: every learner takes part
+            weights = full_weights(self.learner.actor.model, trainable_only=True)
+            weights = weights if send_weights else None
+        else:
+            weights = trainable_weights(self.learner.actor.model) if send_weights else None
         return metrics, self.learner.skipped_steps, self.learner.applied_steps, weights
 
     def optimizer_state(self) -> dict:
+        if self.sharded:   # a collective: every learner is asked (RayLearners.optimizer)
+            return full_optimizer_state(self.learner.optimizer)
         return to_cpu(self.learner.optimizer.state_dict())
 
     def where(self) -> tuple[str, int]:
@@ -160,15 +177,15 @@ class RayLearners:
     actors; ``options(rank)`` gives each actor's Ray options (resources, placement group bundle)."""
 
     def __init__(self, local: Learner, *, count: int, options: Callable[[int], dict], gpu: bool, backend: str,
-                 threads: int, timeout_s: float):
+                 threads: int, timeout_s: float, sharded: bool = False):
         import ray
 
-        self.local, self.timeout_s = local, timeout_s
+        self.local, self.timeout_s, self.sharded = local, timeout_s, sharded
         self.skipped_steps, self.applied_steps = local.skipped_steps, 0
         spec = ray.put(LearnerSpec.of(local))
         cls = ray.remote(max_restarts=0)(LearnerWorker)
         self.actors = [cls.options(**options(r)).remote(r, count, spec, device="cuda" if gpu else "cpu",
-                                                        threads=threads) for r in range(count)]
+                                                        threads=threads, sharded=sharded) for r in range(count)]
         try:
             if count > 1:
                 host, port = self._gather([self.actors[0].address.remote()], "start")[0]
@@ -182,7 +199,8 @@ class RayLearners:
     @property
     def optimizer(self) -> torch.optim.Optimizer:
         """The trainer's optimizer, refreshed from learner 0 (what a checkpoint saves)."""
-        state = self._gather([self._live()[0].optimizer_state.remote()], "reading the optimizer")[0]
+        actors = self._live() if self.sharded else self._live()[:1]
+        state = self._gather([a.optimizer_state.remote() for a in actors], "reading the optimizer")[0]
         self.local.optimizer.load_state_dict(state)
         return self.local.optimizer
 

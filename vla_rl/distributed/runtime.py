@@ -182,8 +182,9 @@ class RayRuntime:
         threads = cfg.learner_threads or max(1, int(cfg.learner_cpus))
         learners = RayLearners(local, count=cfg.learners, options=lambda r: self.options("learner", r),
                                gpu=cfg.learner_gpus > 0, backend=cfg.dist_backend, threads=threads,
-                               timeout_s=cfg.timeout_s)
+                               timeout_s=cfg.timeout_s, sharded=cfg.sharding == "fsdp")
         backend = f", {cfg.dist_backend}" if cfg.learners > 1 else ""
+        backend += ", sharded (fsdp)" if cfg.sharding == "fsdp" else ""
         self.log(f"ray: {cfg.learners} learner(s) on {len({node for node, _ in learners.where()})} node(s)"
                  f"{backend} ({cfg.placement})")
         return learners

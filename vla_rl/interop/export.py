@@ -22,8 +22,16 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from vla_rl.checkpoint import FORMAT_VERSION, CheckpointError, atomic_folder, read_tensors, read_yaml_file
+from vla_rl.checkpoint import (
+    FORMAT_VERSION,
+    CheckpointError,
+    adapter_scaling,
+    atomic_folder,
+    read_tensors,
+    read_yaml_file,
+)
 from vla_rl.config import ConfigError, merge
+from vla_rl.policies import lora
 from vla_rl.policies.config import PolicyConfig
 from vla_rl.policies.exported import (
     EXPORT_FORMAT,
@@ -178,7 +186,12 @@ def tokenizer_files(folder: Path, policy: dict) -> list[str]:
     return sorted(names)
 
 
-def _read_weights(path: Path, cfg: PolicyConfig, dtype: str) -> dict[str, torch.Tensor]:
+def _read_weights(path: Path, cfg: PolicyConfig, dtype: str,
+                  adapters: tuple[dict[str, torch.Tensor], float] | None = None) -> dict[str, torch.Tensor]:
+    """The policy's weights converted to ``dtype``; LoRA ``adapters`` (tensors, scaling) are folded into the
+    weights they adapt first, in float32."""
+    lora_tensors, scaling = adapters or ({}, 1.0)
+    adapted = {k.rsplit(".", 1)[0] + ".weight" for k in lora_tensors}
     with torch.device("meta"):
         expected = FlowPolicy(cfg).state_dict()
     if not path.is_file():
@@ -196,6 +209,13 @@ def _read_weights(path: Path, cfg: PolicyConfig, dtype: str) -> dict[str, torch.
                 if t.shape != expected[k].shape:
                     raise CheckpointError(f"{path}: {k} has shape {tuple(t.shape)}, the config needs "
                                           f"{tuple(expected[k].shape)}")
+                if k in adapted:
+                    layer = k[: -len(".weight")]
+                    pair = {n: lora_tensors[n] for n in (f"{layer}.lora_A", f"{layer}.lora_B") if n in lora_tensors}
+                    try:
+                        t = lora.merge_state({k: t.float()}, pair, scaling)[k]
+                    except ValueError as e:
+                        raise CheckpointError(f"{path.parent}/adapters.safetensors: {e}") from None
                 if t.is_floating_point() and not torch.isfinite(t).all():
                     raise CheckpointError(f"{path}: {k} contains NaN or inf; not exporting it")
                 out[k] = convert_tensor(t, dtype).contiguous()
@@ -225,7 +245,10 @@ def export_policy(src: str | Path, out: str | Path, *, dtype: str = "bf16", over
         check_consistency(cfg, spec, norm)
     except (SchemaError, ExportError) as e:
         raise ConfigError(str(e)) from None
-    weights = _read_weights(folder / "model.safetensors", cfg, dtype)
+    adapters = None
+    if config.get("lora") is not None:   # a LoRA run's checkpoint: the adapters are merged into the export
+        adapters = (read_tensors(folder / "adapters.safetensors"), adapter_scaling(folder, config))
+    weights = _read_weights(folder / "model.safetensors", cfg, dtype, adapters)
     policy = to_plain(cfg)
     files = tokenizer_files(folder, config.get("policy", {}))
     out = Path(out)

@@ -7,6 +7,7 @@ Glossary: B samples (chunks) in a minibatch, K denoising steps, H actions per ch
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,11 +18,14 @@ from torch import Tensor
 
 from vla_rl.config import ConfigError, check_ranges, fraction, nonneg, positive, ranged
 from vla_rl.policies import flow
+from vla_rl.policies.inference import cast_weights
+from vla_rl.policies.lora import LoRAConfig, apply_lora, frozen_by_lora
 from vla_rl.policies.recompute import activation_checkpointing
 from vla_rl.rl import advantages as adv_lib
 from vla_rl.rl import losses
 from vla_rl.rl.actor import Actor
 from vla_rl.rl.losses import LogProbConfig, aggregate_log_prob
+from vla_rl.rl.optim import make_optimizer
 from vla_rl.rl.rollout import Rollout
 
 
@@ -75,6 +79,12 @@ class PPOConfig:
     # "expert", "all" or "none". Costs about one more forward pass of those layers; what it saves is what lets
     # the pi0 preset's minibatches of 64 fit one GPU (docs/training.md).
     grad_checkpointing: Literal["none", "prefix", "expert", "all"] = "none"
+    # LoRA adapters on the prefix (and/or the expert); `lora.rank` 0: none (policies/lora.py, docs/training.md).
+    lora: LoRAConfig = LoRAConfig()
+    # Memory-lean training (vla_rl/rl/optim.py): "bf16" weights (the optimizer keeps fp32 masters of the trained
+    # ones; the rollouts sample with the bf16 weights) and Adam moments stored in bf16.
+    param_dtype: Literal["fp32", "bf16"] = "fp32"
+    optimizer_state_dtype: Literal["fp32", "bf16"] = "fp32"
     log_prob: LogProbConfig = LogProbConfig()
 
     def __post_init__(self):
@@ -82,6 +92,12 @@ class PPOConfig:
         if self.actor_lr_decay not in ("constant", "linear", "cosine", "step"):
             raise ConfigError("ppo.actor_lr_decay must be constant, linear, cosine or step, "
                               f"got {self.actor_lr_decay!r}")
+        for key in ("param_dtype", "optimizer_state_dtype"):
+            if getattr(self, key) not in ("fp32", "bf16"):
+                raise ConfigError(f"ppo.{key} must be fp32 or bf16, got {getattr(self, key)!r}")
+        if self.freeze_prefix and self.lora.enabled and "prefix" in self.lora.parts:
+            raise ConfigError("ppo.freeze_prefix freezes the prefix, ppo.lora.parts adapts it: set "
+                              "ppo.lora.parts=[expert] or drop freeze_prefix")
         if self.actor_lr_decay == "step" and self.actor_lr_decay_start == 0:
             raise ConfigError("ppo.actor_lr_decay=step needs ppo.actor_lr_decay_start: the update (0-based) "
                               "from which the actor lr is actor_lr_final x lr_actor")
@@ -111,16 +127,24 @@ class Learner:
         self.bf16, self.shard, self.sync = bf16, shard, sync
         self.total_iterations = total_iterations  # the decay's end; None: no decay (constant after warm-up)
         model = actor.model
+        apply_lora(model, cfg.lora)   # in place: the rollouts sample with the adapters too
         groups = model.parameter_groups()
+        frozen = set(frozen_by_lora(model, cfg.lora))
         if cfg.freeze_prefix:   # "train the expert only"
-            for p in groups["prefix"].values():
+            frozen |= set(groups["prefix"])
+        for name, p in model.named_parameters():
+            if name in frozen:
                 p.requires_grad_(False)
+        if cfg.param_dtype == "bf16":
+            cast_weights(model, "bf16")
         critic = [p for p in groups["value"].values() if p.requires_grad]
         actor_params = [p for n, p in model.named_parameters() if n not in groups["value"] and p.requires_grad]
-        self.optimizer = torch.optim.AdamW([
+        self.optimizer = make_optimizer([
             {"params": actor_params, "lr": cfg.lr_actor, "name": "actor"},
             {"params": critic, "lr": cfg.lr_critic, "name": "critic"},
-        ], weight_decay=cfg.weight_decay)
+        ], weight_decay=cfg.weight_decay, param_dtype=cfg.param_dtype, state_dtype=cfg.optimizer_state_dtype)
+        # Activation checkpointing parts applied per update (a sharded learner builds them into its model).
+        self.recompute = cfg.grad_checkpointing
         self.autocast = bf16 and model.device.type == "cuda"
         self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.skipped_steps = 0   # over the run (saved in checkpoints)
@@ -171,7 +195,7 @@ class Learner:
         count = 0
         model.train()
         # the model is restored when the block ends (nothing checkpointed is saved or copied)
-        with activation_checkpointing(model, cfg.grad_checkpointing):
+        with activation_checkpointing(model, self.recompute), dropout_rng(model.device, iteration, cfg.lora.dropout):
             epochs_run = 0
             for _ in range(cfg.update_epochs):
                 epochs_run += 1
@@ -240,7 +264,9 @@ class Learner:
 
     def _loss(self, obs, chain, stoch, old_lp, old_v, adv, ret, critic_only, ro: Rollout):
         cfg, model = self.cfg, self.actor.model
-        prefix = model.encode_prefix(obs)
+        # The prefix's final hidden states feed only a prefix-sourced value head: without one, the last prefix
+        # layer computes its keys and values alone (its attention output and MLP would reach no loss).
+        prefix = model.encode_prefix(obs, hidden=model.cfg.value_source == "prefix")
         value = model.value(prefix)
         v_loss, metrics = losses.value_loss(values=value, old_values=old_v, returns=ret, clip=cfg.value_clip,
                                             huber_delta=cfg.huber_delta)
@@ -263,6 +289,22 @@ class Learner:
         return loss, metrics
 
 
+def dropout_rng(device: torch.device, iteration: int, dropout: float):
+    """With LoRA dropout, the update's dropout masks come from the global RNG seeded with the iteration (restored
+    afterwards), so they are a function of the iteration like every other draw of a run, and a resumed run
+    repeats them."""
+    if not dropout:
+        return contextlib.nullcontext()
+    return _seeded(device, iteration)
+
+
+@contextlib.contextmanager
+def _seeded(device: torch.device, iteration: int):
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(7_919 * iteration + 1)
+        yield
+
+
 def clip_grad_norms(optimizer: torch.optim.Optimizer, max_norm: float) -> tuple[Tensor, Tensor]:
     """Clip the actor's and the critic's gradients each to ``max_norm``; returns their norms before.
 
@@ -274,8 +316,9 @@ def clip_grad_norms(optimizer: torch.optim.Optimizer, max_norm: float) -> tuple[
     norms = {}
     for group in optimizer.param_groups:
         params = [p for p in group["params"] if p.grad is not None]
-        norms[group.get("name")] = (torch.nn.utils.clip_grad_norm_(params, max_norm) if params
-                                    else torch.zeros(()))
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.zeros(())
+        # a sharded learner's norm is a distributed tensor: its value is the whole gradient's norm
+        norms[group.get("name")] = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
     return norms.get("actor", torch.zeros(())), norms.get("critic", torch.zeros(()))
 
 

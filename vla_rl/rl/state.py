@@ -154,6 +154,8 @@ def load_training_state(path: str | Path, *, model: torch.nn.Module, optimizer: 
     path = Path(path)
     state = _trainer_state(path)
     weights = read_tensors(path / "model.safetensors", device=device)
+    if (path / "adapters.safetensors").is_file():   # LoRA adapters, kept apart from the base weights
+        weights.update(read_tensors(path / "adapters.safetensors", device=device))
     own = model.state_dict()
     if set(weights) != set(own) or any(weights[k].shape != v.shape for k, v in own.items()):
         raise CheckpointError(f"{path}/model.safetensors: the weights do not fit this run's policy")

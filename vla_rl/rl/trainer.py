@@ -105,6 +105,9 @@ class TrainConfig:
     # the same loop, and (env_actors 0) the same numbers as "local".
     runtime: Literal["local", "ray"] = "local"
     ray: RayConfig = field(default_factory=RayConfig)
+    # On CUDA (local runtime) the run first plans its memory per GPU (vla_rl/rl/memory_plan.py) and stops before
+    # starting anything if it cannot fit, naming settings that would; false skips the check.
+    memory_plan: bool = True
 
     def __post_init__(self):
         check_ranges(self)
@@ -114,6 +117,11 @@ class TrainConfig:
             raise ConfigError(f"runtime: {self.runtime!r} is not one of ['local', 'ray']")
         if self.runtime == "local" and self.ray != RayConfig():
             raise ConfigError("ray is set but runtime is 'local': set runtime=ray or drop the ray section")
+        if self.runtime == "ray" and self.ray.sharding == "fsdp" and "bf16" in (self.ppo.param_dtype,
+                                                                              self.ppo.optimizer_state_dtype):
+            # the lean optimizer's stochastic rounding works on whole tensors, not on FSDP's shards (untested there)
+            raise ConfigError("ray.sharding=fsdp goes with ppo.param_dtype=fp32 and ppo.optimizer_state_dtype=fp32 "
+                              "(sharding already divides the optimizer state by the learners)")
         if self.runtime == "ray" and self.ray.env_actors:
             if self.ray.env_actors > self.env.num_envs:
                 raise ConfigError(f"ray.env_actors = {self.ray.env_actors} is more than env.num_envs = "
@@ -189,6 +197,11 @@ class Trainer:
             raise
 
     def _build(self, cfg: TrainConfig) -> None:
+        if cfg.memory_plan and self.device.type == "cuda" and cfg.runtime == "local":
+            from vla_rl.rl.memory_plan import check_plan, device_memory
+
+            free, name = device_memory(self.device)
+            check_plan(cfg, device_bytes=free, device_name=name, log=self.log)
         self.runtime = make_runtime(cfg.runtime, cfg.ray, log=self.log)
         if self.runtime.remote_envs:
             self.env = self.runtime.make_env(cfg.env, num_envs=cfg.env.num_envs, device=self.device, seed=cfg.seed,
