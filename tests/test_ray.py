@@ -175,7 +175,7 @@ def test_a_lost_learner_stops_the_run_and_resume_continues_it(cluster, sft, loca
     with trainer, pytest.raises(TrainingError) as err:
         trainer.run()
     msg = str(err.value)
-    assert "learner 1 died during the update of iteration 1" in msg and "stopped after iteration 1" in msg
+    assert "learner 1 died during the update of iteration 2" in msg and "stopped after iteration 1" in msg
     assert "the newest checkpoint is" in msg and "iter_000001" in msg and "--resume" in msg
     with resume_trainer(tmp_path / "run", log=QUIET) as resumed:
         assert resumed.iteration == 1
