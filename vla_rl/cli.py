@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port)")
     srv.add_argument("--token", default=None,
                      help="shared secret clients must send (visible in ps; prefer $VLA_RL_SERVE_TOKEN)")
-    srv.add_argument("--max-message-mb", type=float, default=32.0, help="largest request accepted (default 32)")
+    srv.add_argument("--max-message-mb", type=float, default=16.0, help="largest request accepted (default 16)")
     srv.add_argument("--max-connections", type=int, default=8, help="most clients at once (default 8)")
     srv.add_argument("--max-memory-mb", type=float, default=1024.0,
                      help="the most memory messages may take, checked at start against the two limits above "

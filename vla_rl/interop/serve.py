@@ -16,10 +16,12 @@ compression (no decompression bombs); at most ``max_connections`` clients; every
 thread, so concurrent clients are served in turn while the event loop keeps accepting, validating and answering
 errors.
 
-Memory: each connection holds at most two messages (the one it is serving, one more received: ``max_queue=1``),
-and at most :data:`DECODE_SLOTS` messages are decoded at a time (decoding copies a message's arrays once, the
-model's input once more), so messages take at most :meth:`ServeConfig.message_memory_mb`, which must fit
-``max_memory_mb``.
+Memory: a connection holds the message it is serving and at most one more (``max_queue=0``: reading stops while a
+received frame waits; websockets' read buffer keeps about one message's size more), at most :data:`DECODE_SLOTS`
+requests are decoded at a time (decoding copies a message's arrays once, the model's input once more), and one
+is inferred at a time (resizing its images works in float32: four bytes a value). So messages take at most
+:meth:`ServeConfig.message_memory_mb`, which must fit ``max_memory_mb`` (``benchmarks/bench_serve_memory.py``
+measures it).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = ranged(8000, 0, 65535)          # 0: any free port (the bound one is printed)
     token: str | None = None                    # shared secret; None: no authentication
-    max_message_mb: float = positive(32.0)      # largest observation message accepted
+    max_message_mb: float = positive(16.0)      # largest observation message accepted
     max_connections: int = positive(8)
     # The most memory messages may take (message_memory_mb, from the two above), checked at start.
     max_memory_mb: float = positive(1024.0)
@@ -81,9 +83,12 @@ class ServeConfig:
 
     @property
     def message_memory_mb(self) -> float:
-        """The most memory messages can take: two per connection (the one being served and one received after it)
-        and two more copies for each of the :data:`DECODE_SLOTS` being decoded (its arrays, the model's input)."""
-        return (2 * self.max_connections + 2 * DECODE_SLOTS) * self.max_message_mb
+        """The most memory messages can take: three message sizes per connection (the message being served, one
+        received after it, websockets' read buffer) and sixteen for the requests being decoded and inferred (two
+        decoded copies for each of the :data:`DECODE_SLOTS`, and the float32 resize of one request's images).
+        Measured below it: 8 clients each sending four 3.9 MB messages at once to a server that takes 300 ms an
+        inference peaked 132 MB above idle, against (3 x 8 + 16) x 4 = 160 (``benchmarks/bench_serve_memory.py``)."""
+        return (3 * self.max_connections + 16) * self.max_message_mb
 
 
 class PolicyServer:
@@ -173,7 +178,7 @@ class PolicyServer:
         from websockets.asyncio.server import serve
 
         async with serve(self._handler, self.cfg.host, self.cfg.port, process_request=self._process_request,
-                         max_size=self.cfg.max_message_bytes, max_queue=1, compression=None,
+                         max_size=self.cfg.max_message_bytes, max_queue=0, compression=None,
                          open_timeout=10, close_timeout=5, ping_interval=20, ping_timeout=20) as server:
             self.port = next(iter(server.sockets)).getsockname()[1]
             if ready is not None:
