@@ -1,15 +1,17 @@
 """Peak memory of ``vla-rl serve`` while many clients send large messages at once.
 
-    python benchmarks/bench_serve_memory.py [--clients 15] [--message-mb 31] [--rounds 3] [--infer-ms 500]
+    python benchmarks/bench_serve_memory.py [--clients 15] [--message-mb 31] [--rounds 3] [--infer-ms 300]
                                             [--repo PATH] [-- SERVE_ARGS ...]
 
 Exports a tiny random policy, starts ``python -m vla_rl.cli serve EXPORT --port 0 SERVE_ARGS`` in a subprocess (run
 from ``--repo``, default this checkout, so another checkout's server can be measured the same way) and sends it one
 request; then ``--clients`` raw websocket clients connect and each send ``--rounds`` messages of ``--message-mb`` MB
-back to back before reading any reply: valid observations whose camera image makes up the message (resized by the
-server to the policy's 32 px). Each inference takes ``--infer-ms`` more (a sleep added in the server process: a
-slow model, so that requests pile up as they would behind a large policy). Prints the clients served and refused,
-the server's resident memory after the first request ("idle"), its peak (VmHWM) and the difference.
+back to back before reading any reply: valid observations whose camera images make up the message (one image, or a
+batch of them for messages over 12 MB; resized by the server to the policy's 32 px). Each inference takes
+``--infer-ms`` more (a sleep added in the server process: a slow model, so that requests pile up as they would
+behind a large policy). Prints the clients served and refused, the server's resident memory after the first request
+("idle"), its peak (VmHWM) and the difference. A client that waits longer than websockets' 20 s keepalive timeout is
+dropped (the server does not read from a client whose next request waits) and counts as neither.
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=15)
     ap.add_argument("--message-mb", type=float, default=31.0)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--infer-ms", type=float, default=500.0, help="added to each inference (a slow model)")
+    ap.add_argument("--infer-ms", type=float, default=300.0, help="added to each inference (a slow model)")
     ap.add_argument("--repo", type=Path, default=ROOT, help="the checkout whose `vla_rl.cli serve` runs")
     ap.add_argument("serve_args", nargs="*", help="arguments for `vla-rl serve` (after --)")
     args = ap.parse_args()
@@ -112,9 +114,12 @@ def main() -> None:
                 line = lines.get(timeout=300)
                 m = re.search(r"serving .* on ws://127\.0\.0\.1:(\d+)", line)
                 port = int(m.group(1)) if m else None
-            side = int((args.message_mb * 2**20 / 3) ** 0.5)
-            image = np.random.default_rng(0).integers(0, 256, (side, side, 3), dtype=np.uint8)
-            message = pack({"image": image, "state": np.zeros(4, np.float32), "prompt": "move to the red square"})
+            size = args.message_mb * 2**20
+            n = int(np.ceil(size / (3 * 2000**2)))       # a batch where one image would pass the 2048-pixel side
+            side = int((size / (3 * n)) ** 0.5)
+            image = np.random.default_rng(0).integers(0, 256, (n, side, side, 3), dtype=np.uint8)
+            message = pack({"image": image if n > 1 else image[0], "prompt": "move to the red square",
+                            "state": np.zeros((n, 4) if n > 1 else 4, np.float32)})
             warm: list[str] = []   # one request first: what the first inference sets up is not counted
             client(port, message, 1, threading.Barrier(1), warm)
             time.sleep(1.0)

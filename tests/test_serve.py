@@ -367,10 +367,10 @@ def test_limits_that_let_messages_outgrow_the_memory_budget_are_refused(exported
 
 
 def test_server_memory_under_many_large_messages_stays_within_its_bound():
-    """Six clients each send three 3.9 MB observations at once to a server whose every inference takes 100 ms
+    """Six clients each send two 3.9 MB observations at once to a server whose every inference takes 100 ms
     (so requests pile up): its resident memory grows by less than the bound it checks at start."""
     script = ROOT / "benchmarks" / "bench_serve_memory.py"
-    args = ["--clients", "6", "--message-mb", "3.9", "--rounds", "3", "--infer-ms", "100", "--",
+    args = ["--clients", "6", "--message-mb", "3.9", "--rounds", "2", "--infer-ms", "100", "--",
             "--max-message-mb", "4", "--max-connections", "6"]
     out = subprocess.run([sys.executable, str(script), *args], cwd=ROOT, capture_output=True, text=True,
                          timeout=600)

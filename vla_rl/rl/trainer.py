@@ -5,7 +5,9 @@ can later become a remote actor without touching this loop.
 Each iteration resets the envs with a seed derived from (seed, iteration) and collects ``rollout_chunks``
 chunks; the rollout noise generator and the minibatch order are seeded the same way. A run's future is
 therefore fully determined by (config, weights, optimizer state, iteration), which is what a checkpoint
-holds: a resumed CPU run reproduces an uninterrupted one exactly.
+holds, once simulators that carry state across episodes forget it where a run can resume
+(:meth:`Trainer._forget_env_history`): a resumed run on the built-in task or on ManiSkill's CPU workers
+reproduces an uninterrupted one exactly.
 """
 
 from __future__ import annotations
