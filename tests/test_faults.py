@@ -941,13 +941,16 @@ def test_a_resumed_maniskill_run_reproduces_the_uninterrupted_run(tmp_path):
 
     model = tmp_path / "state_policy.yaml"
     model.write_text("num_cameras: 0\nstate_dim: 35\naction_dim: 7\ndepth: 1\n")
-    over = {"init": None, "model": str(model), "env": {"kind": "maniskill", "num_envs": 2, "envs_per_worker": 1,
-                                                      "maniskill": {"task": "PushCube-v1", "max_episode_steps": 20}},
-            "rollout_chunks": 4, "iterations": 4, "eval_every": 2, "eval_episodes": 2, "save_every": 2,
-            "threads": 1, "ppo": {"update_epochs": 1, "minibatches": 2}}
+    from vla_rl.rl.trainer import TrainConfig
+
+    over = {"init": None, "model": str(model), "rollout_chunks": 4, "eval_every": 2, "eval_episodes": 2,
+            "save_every": 2, "keep_last": 5, "threads": 1, "tensorboard": False, "progress": False,
+            "env": {"kind": "maniskill", "num_envs": 2, "envs_per_worker": 1,
+                    "maniskill": {"task": "PushCube-v1", "max_episode_steps": 20}},
+            "ppo": {"update_epochs": 1, "minibatches": 2}}
 
     def run(out, iterations=4):
-        with Trainer(train_config(None, out, **{**over, "iterations": iterations}), log=QUIET) as t:
+        with Trainer(from_dict(TrainConfig, {**over, "out": str(out), "iterations": iterations}), log=QUIET) as t:
             return t.run()
 
     full, again = run(tmp_path / "full"), run(tmp_path / "again")
@@ -957,7 +960,8 @@ def test_a_resumed_maniskill_run_reproduces_the_uninterrupted_run(tmp_path):
         history = resumed.run()
     assert stripped(again) == stripped(full)
     assert stripped(history) == stripped(full)
-    assert sum(h.get("rollout/episodes", 0) for h in full) > 2 * 4   # episodes began inside rollouts
+    # every env's episode ended inside every rollout (20 of its 32 steps), and the next one began there
+    assert sum(h.get("rollout/episodes", 0) for h in full) >= 2 * 4
 
 
 @pytest.mark.slow   # ManiSkill workers on CPU: ~1-2 min

@@ -208,3 +208,19 @@ def test_check_output_itself(tmp_path):
     with pytest.raises(OutputIsInputError, match="lies inside the init policy"):
         check_output(tmp_path / "run" / "x", overwrite=True, kind=RUN, inputs={"init policy": tmp_path / "run"})
     check_output(tmp_path / "run", overwrite=True, kind=RUN, inputs={"init policy": None})
+
+
+def test_a_part_of_a_run_or_dataset_counts_as_it_but_a_git_checkout_is_only_a_place(tmp_path):
+    run = fake_run(tmp_path / "run")
+    best = files(run / "checkpoints" / "best", "model.safetensors", "config.yaml")   # a policy folder by itself
+    with pytest.raises(OutputExistsError, match=f"is a part of the training run {run}"):
+        check_output(best, overwrite=True, kind=POLICY)
+    check_output(run / "checkpoints" / "new", overwrite=False, kind=POLICY)       # nothing there: free
+    repo = files(tmp_path / "repo", ".git/HEAD")
+    (repo / "runs" / "cmp").mkdir(parents=True)
+    (repo / "runs" / "cmp" / "e.json").write_text(json.dumps({"format": "vla-rl-eval-episodes/1"}))
+    check_output(repo / "runs" / "cmp" / "e.json", overwrite=True, kind=EVAL_FILE)   # outputs in a checkout
+    files(repo / "runs" / "old", "notes.txt")
+    check_output(repo / "runs" / "old", overwrite=True, kind=RUN)
+    with pytest.raises(OutputExistsError, match="is a git checkout"):
+        check_output(repo, overwrite=True, kind=RUN)

@@ -41,6 +41,10 @@ RUN, CHECKPOINT, POLICY, EXPORT, LEROBOT_POLICY = ("training run", "training che
 DATASET, TRAJECTORIES, BENCH, REPORT, DEMO, GIT = ("dataset", "ManiSkill trajectory folder", "bench folder",
                                                    "report folder", "demo folder", "git checkout")
 EVAL_FILE = "evaluation file"
+# Kinds whose parts are never replaced either: an output inside one of them (a run's checkpoints/best, a file of a
+# dataset) counts as that kind. Not containers of regenerable outputs (a demo, bench or report folder), nor a git
+# checkout (runs/ inside the project's own checkout is the usual place for outputs).
+PRECIOUS = (RUN, CHECKPOINT, POLICY, EXPORT, LEROBOT_POLICY, DATASET, TRAJECTORIES)
 BENCH_TASK_FORMAT = "vla-rl-bench-task/1"
 EVAL_FILE_FORMAT = "vla-rl-eval-episodes/1"
 
@@ -113,15 +117,21 @@ def folder_kind(path: str | Path) -> str | None:
 
 
 def file_kind(path: str | Path) -> str | None:
-    """What the file ``path`` is: an evaluation file (``vla-rl eval out=``), a file of a known folder (``"file of the
-    training run runs/a"``), or None."""
+    """What the file ``path`` is: an evaluation file (``vla-rl eval out=``), a file of a folder of a
+    :data:`PRECIOUS` kind (``"file of the training run runs/a"``), or None."""
     path = Path(path)
     if path.is_file() and path.suffix == ".json" and _json(path).get("format") == EVAL_FILE_FORMAT:
         return EVAL_FILE
-    for parent in list(path.parents)[:3]:
+    return part_of(path, "file")
+
+
+def part_of(path: str | Path, what: str = "part") -> str | None:
+    """``"<what> of the <kind> <folder>"`` when one of the three folders above ``path`` is of a :data:`PRECIOUS`
+    kind (a run's ``checkpoints/best``, a dataset's ``meta/``), else None."""
+    for parent in list(Path(path).absolute().parents)[:3]:
         kind = _own_kind(parent) if parent.is_dir() else None
-        if kind is not None and kind != BENCH:
-            return f"file of the {kind} {parent}"
+        if kind in PRECIOUS:
+            return f"{what} of the {kind} {parent}"
     return None
 
 
@@ -175,6 +185,8 @@ def check_output(path: str | Path, *, overwrite: bool, kind: str, inputs: Inputs
     found = folder_kind(path) if path.is_dir() else file_kind(path)
     if path.is_dir() and kind == EVAL_FILE:
         found = found or "folder"
+    if path.is_dir() and found in (None, kind):
+        found = part_of(path) or found
     if found is not None and found != kind:
         held = f" ({_listing(path)})" if path.is_dir() else ""
         raise OutputExistsError(f"{path} is {_a(found)}{held}, not {_a(kind)}: it is not replaced, even with "

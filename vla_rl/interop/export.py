@@ -340,7 +340,7 @@ def unknown_note(unknown: list[str]) -> str:
     parts = []
     if "control_mode" in unknown:
         parts.append("its robot (control mode, action bounds and names, cameras): actions are not clipped and "
-                     "cameras are named camera_<i>")
+                     "cameras get generic names")
     if "num_steps" in unknown:
         parts.append(f"the sampler it was evaluated with: K={DEFAULT_NUM_STEPS} (π0's) is used")
     rest = [k for k in unknown if k not in ("control_mode", "action_low", "action_high", "action_names", "cameras",

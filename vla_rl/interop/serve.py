@@ -163,8 +163,8 @@ class PolicyServer:
                          "server_timing": {"infer_ms": (time.monotonic() - start) * 1000}}
                 if prev_total_ms is not None:
                     reply["server_timing"]["prev_total_ms"] = prev_total_ms
+                self._requests += 1   # counted before the reply leaves: a client that has it sees it counted
                 await ws.send(pack(reply))
-                self._requests += 1
                 prev_total_ms = (time.monotonic() - start) * 1000
                 del message   # not held while waiting for the next one
         except ConnectionClosed as e:
