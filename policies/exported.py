@@ -460,7 +460,11 @@ def read_export_config(path: str | Path) -> tuple[PolicyConfig, NormStats, Expor
             raise SchemaError(f"normalization.mode {mode!r} is not 'mean_std' or 'quantile'")
         if not isinstance(hidden, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in hidden):
             raise SchemaError(f"normalization.hidden_state_dims must be a list of ints, got {hidden!r}")
-        norm = NormStats.from_tensors(_read_tensors(path / "norm_stats.safetensors"), mode, tuple(hidden))
+        stats = _read_tensors(path / "norm_stats.safetensors")
+        bad = sorted(k for k, v in stats.items() if v.is_floating_point() and not bool(torch.isfinite(v).all()))
+        if bad:
+            raise ExportError(f"{path}/norm_stats.safetensors: {bad[0]} contains NaN or inf")
+        norm = NormStats.from_tensors(stats, mode, tuple(hidden))
     except (SchemaError, ValueError) as e:
         raise ExportError(f"{path}: {e}") from None
     check_consistency(cfg, spec, norm)

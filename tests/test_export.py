@@ -362,6 +362,17 @@ def test_corrupt_exports_are_refused(exports, tmp_path):
         load_exported(d)
     with pytest.raises(ExportError, match="no exported policy folder"):
         load_exported(tmp_path / "missing")
+    from safetensors.torch import load_file, save_file
+
+    for name in ("model", "norm_stats"):   # a NaN where the server would load it: refused, naming the tensor
+        d = copy(f"nan_{name}")
+        tensors = load_file(str(d / f"{name}.safetensors"))
+        key = sorted(k for k, v in tensors.items() if v.is_floating_point())[0]
+        tensors[key] = tensors[key].clone().fill_(float("nan"))
+        save_file(tensors, str(d / f"{name}.safetensors"))
+        with pytest.raises(ExportError, match=f"{name}.safetensors: {key} contains NaN or inf"):
+            load_exported(d)
+        assert main(["serve", str(d), "--port", "0"]) == 2
 
 
 def test_cli_export(source, tmp_path, capsys):
