@@ -26,6 +26,7 @@ USER_ERRORS = [
     ("vla_rl.rl.trainer", "TrainingError", "training"),
     ("vla_rl.envs.worker_pool", "WorkerError", "env"),
     ("vla_rl.envs.libero", "LiberoNotInstalled", "env"),
+    ("vla_rl.envs.libero_warp", "LiberoWarpNotInstalled", "env"),
     ("vla_rl.envs.maniskill", "ManiSkillUnavailable", "env"),
     ("vla_rl.policies.tokenizer", "TokenizerError", "tokenizer"),
     ("vla_rl.distributed.runtime", "ClusterError", "cluster"),
