@@ -54,6 +54,8 @@ INSTALL_HINT = ("install it with `pip install -e '.[warp]'` (mujoco-warp 3.8.1 w
                 "that work with LIBERO's mujoco 3.8.1)")
 # Data fields that make up a world's state and what its observation and images are read from: what a frozen
 # world gets back at the end of a chunk.
+# robosuite renders visual geoms (group 1) and MuJoCo's default group 2, not the collision geoms (group 0).
+RENDER_GEOM_GROUPS = [1, 2]
 STATE_FIELDS = ("qpos", "qvel", "act", "qacc_warmstart", "time")
 DERIVED_FIELDS = ("xpos", "xquat", "xmat", "site_xpos", "site_xmat", "geom_xpos", "geom_xmat", "cam_xpos",
                   "cam_xmat", "light_xpos", "light_xdir")
@@ -232,7 +234,8 @@ class TaskWorlds:
             with self.scope():
                 self.rc = mjw.create_render_context(mjm, nworld=n, cam_res=(image_size, image_size),
                                                     render_rgb=True, render_depth=False, use_textures=textures,
-                                                    use_shadows=shadows, cam_active=active)
+                                                    use_shadows=shadows, cam_active=active,
+                                                    enabled_geom_groups=RENDER_GEOM_GROUPS)
                 self.rgb = wp.zeros((n, image_size, image_size), dtype=wp.vec3)
             self.rgb_t = torch_view(self.rgb, self.device)
 

@@ -144,3 +144,167 @@ def test_missing_mujoco_warp_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "mujoco_warp", None)
     with pytest.raises(LiberoWarpNotInstalled, match=r"\.\[warp\]"):
         import_warp()
+
+
+# ---------------------------------------------------------------------------------------------- against robosuite
+@pytest.fixture(scope="module")
+def libero():
+    """libero_spatial task 0: the CPU adapter (robosuite, no cameras) and the task's scene with starts 0 and 1."""
+    from vla_rl.envs.libero import LiberoConfig, LiberoSingleEnv
+    from vla_rl.envs.libero_scene import load_task_scene
+
+    single = LiberoSingleEnv(LiberoConfig(suite="libero_spatial", task_ids=[0], cameras=(), max_cached_envs=1))
+    scene = load_task_scene("libero_spatial", 0, [0, 1], single=single)
+    yield single, scene
+    single.close()
+
+
+@pytest.fixture(scope="module")
+def controller_records(libero):
+    """robosuite's controller at every physics substep of 4 actions (the third without rotation)."""
+    from vla_rl.eval.warp_fidelity import random_actions, record_controller
+
+    single, _ = libero
+    single.reset_to(0, 0)
+    actions = random_actions(4, seed=3, scale=1.0, hold=1)
+    actions[2, 3:6] = 0.0
+    with record_controller(single) as records:
+        for a in actions:
+            single.step(a)
+    assert len(records) == 4 * 25 and sum(r["policy_step"] for r in records) == 4
+    return records
+
+
+@needs_sim
+def test_osc_equals_robosuite_on_mujoco_state(libero, controller_records):
+    """The controller maths alone: fed MuJoCo's float64 state, the batched OSC gives robosuite's torques."""
+    import mujoco
+
+    _, scene = libero
+    model = scene.model
+    data = mujoco.MjData(model)
+    dof, joints, site = scene.arm_dof, scene.arm_joints, scene.eef_site
+    t = lambda x: torch.as_tensor(np.array(x), dtype=F64)[None]   # noqa: E731
+    goal_err = tau_err = finger_err = 0.0
+    for r in controller_records:
+        data.qpos[:], data.qvel[:] = r["qpos"], r["qvel"]
+        mujoco.mj_forward(model, data)
+        full = np.zeros((model.nv, model.nv))
+        mujoco.mj_fullM(model, full, data.qM)
+        ee_pos, ee_rot = t(data.site_xpos[site]), t(data.site_xmat[site].reshape(3, 3))
+        jp, jr = osc.hinge_jacobian(ee_pos, t(data.xanchor[joints]), t(data.xaxis[joints]))
+        if r["policy_step"]:
+            gp, gr = osc.set_goal(t(r["action"][:6]), ee_pos, ee_rot, t(r["goal_rot_before"]), scene.gains)
+            goal_err = max(goal_err, np.abs(gp[0].numpy() - r["goal_pos"]).max(),
+                           np.abs(gr[0].numpy() - r["goal_rot"]).max())
+        tau = osc.osc_torques(
+            ee_pos=ee_pos, ee_rot=ee_rot, jac_pos=jp, jac_rot=jr, mass=t(full[np.ix_(dof, dof)]),
+            bias=t(data.qfrc_bias[dof]), q=t(data.qpos[scene.arm_qpos]), qd=t(data.qvel[dof]),
+            goal_pos=t(r["goal_pos"]), goal_rot=t(r["goal_rot"]), q_rest=t(scene.q_rest), gains=scene.gains)
+        tau = osc.clip_torques(tau, scene.gains)
+        tau_err = max(tau_err, np.abs(tau[0].numpy() - r["torques"]).max())
+        grip, fingers = osc.gripper_step(t(r["gripper_before"]), t(r["action"][6:]), scene.gains)
+        finger_err = max(finger_err, np.abs(fingers[0].numpy() - r["fingers"]).max(),
+                         np.abs(grip[0].numpy() - r["gripper_after"]).max())
+    assert tau_err < 1e-9, tau_err      # N m; measured 1.7e-13 (max |torque| 80)
+    assert goal_err < 1e-6, goal_err    # robosuite builds the rotation goal in float32
+    assert finger_err == 0.0
+
+
+@needs_sim
+def test_osc_torques_through_warp_match_robosuite(libero, controller_records):
+    """End to end on the Warp side: its float32 kinematics, inertia and bias forces feed the batched OSC."""
+    from vla_rl.envs.libero_warp import TaskWorlds
+    from vla_rl.eval.warp_fidelity import warp_torques
+
+    _, scene = libero
+    records = controller_records[::13]   # 8 substeps, first substeps of actions and within them
+    ours, ref = warp_torques(TaskWorlds(scene, len(records), device=torch.device("cpu")), records)
+    err = np.abs(ours - ref).max()
+    assert err < 1e-3, err               # N m; measured 2.1e-4 (max |torque| 80)
+
+
+@needs_sim
+def test_predicates_equal_libero_on_goal_states(libero):
+    """The batched predicates fed MuJoCo's state equal LIBERO's, on states where the goal holds and where not."""
+    from vla_rl.eval.warp_fidelity import goal_states, libero_atoms
+
+    single, scene = libero
+    states = goal_states(single, 0, 0, settle_steps=6)
+    ref, ours = libero_atoms(single, 0, states, goal=scene.goal)
+    assert ref.any() and not ref.all(), "the states should hold both outcomes"
+    assert np.array_equal(ref, ours)
+
+
+@needs_sim
+def test_trajectory_first_steps_match_robosuite(libero):
+    """The same two actions from the same episode start: the hand and the objects end where robosuite's do."""
+    from vla_rl.envs.libero_warp import TaskWorlds
+    from vla_rl.eval.warp_fidelity import object_bodies, random_actions, rollout_cpu, rollout_warp
+
+    single, scene = libero
+    actions, bodies = random_actions(2, seed=0), object_bodies(scene)
+    cpu = rollout_cpu(single, 0, 0, actions, bodies)
+    warp = rollout_warp(TaskWorlds(scene, 1, device=torch.device("cpu")), 0, actions, bodies)
+    eef = np.linalg.norm(warp["eef"][:, 0] - cpu["eef"], axis=-1).max()
+    objects = np.linalg.norm(warp["bodies"][:, 0] - cpu["bodies"], axis=-1).max()
+    assert eef < 1e-4, eef           # m; measured < 1e-6 over 12 actions
+    assert objects < 5e-4, objects   # m; resting objects chatter by ~1e-5 in float32
+    assert not cpu["success"].any() and not warp["success"].any()
+
+
+@needs_sim
+def test_images_framed_and_oriented_like_the_cpu_adapter(libero):
+    """Same cameras, framing and orientation as the CPU adapter's ``upright`` images (another renderer: the
+    lighting differs, so the comparison is against the same image flipped, not an absolute PSNR)."""
+    from vla_rl.envs.libero_warp import CAMERAS, TaskWorlds
+    from vla_rl.eval.warp_fidelity import psnr
+
+    single, scene = libero
+    single.reset_to(0, 0)
+    s = 64
+    cpu = [single._orient(single._env.sim.render(width=s, height=s, camera_name=CAMERAS[c][0]))
+           for c in ("agentview", "wrist")]
+    worlds = TaskWorlds(scene, 1, device=torch.device("cpu"), cameras=("agentview", "wrist"), image_size=s)
+    worlds.load_starts(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
+    worlds.kinematics()
+    images = worlds.render()[0].numpy()
+    assert images.shape == (2, s, s, 3) and images.dtype == np.uint8
+    for ours, ref in zip(images, cpu):
+        same = psnr(ours, ref)
+        assert same > 12.0, same                                   # measured 14.6 / 17.8 dB at 128 px
+        assert same > psnr(ours[::-1], ref) + 3.0 and same > psnr(ours[::-1, ::-1], ref) + 3.0
+
+
+@needs_sim
+def test_env_contract(libero):
+    """The batched interface's promises (shapes, episode ends, partial resets that leave the other worlds alone,
+    bad input). The interface, not the physics, is under test here, so the scene runs one physics substep per
+    action instead of 25 (25 times faster on the CPU backend); ``slow`` runs the same with the real scene."""
+    import dataclasses
+
+    from contract import check_env_contract
+
+    from vla_rl.envs.libero_warp import LiberoWarpEnv
+
+    _, scene = libero
+    cfg = LiberoWarpConfig(task_ids=[0], init_state_ids=[0, 1], cameras=(), max_episode_steps=2)
+    env = LiberoWarpEnv(cfg, 2, device="cpu", seed=0, scenes=[dataclasses.replace(scene, substeps=1)])
+    assert env.instructions == [scene.instruction] * 2
+    check_env_contract(env, horizon=2)
+    env.close()
+
+
+@needs_sim
+@pytest.mark.slow
+def test_env_contract_full_scene_with_cameras(libero):
+    from contract import check_env_contract
+
+    from vla_rl.envs.libero_warp import LiberoWarpEnv
+
+    _, scene = libero
+    cfg = LiberoWarpConfig(task_ids=[0], init_state_ids=[0, 1], cameras=("agentview", "wrist"), image_size=16,
+                           max_episode_steps=2)
+    env = LiberoWarpEnv(cfg, 2, device="cpu", seed=0, scenes=[scene])
+    check_env_contract(env, horizon=2)
+    env.close()
