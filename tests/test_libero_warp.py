@@ -308,3 +308,58 @@ def test_env_contract_full_scene_with_cameras(libero):
     env = LiberoWarpEnv(cfg, 2, device="cpu", seed=0, scenes=[scene])
     check_env_contract(env, horizon=2)
     env.close()
+
+
+# ---------------------------------------------------------------------------------------------- factory, bench
+def _tiny_libero_checkpoint(path, image_size=32):
+    from vla_rl.checkpoint import save_policy
+    from vla_rl.config import policy_preset
+    from vla_rl.policies.model import FlowPolicy
+    from vla_rl.policies.normalize import NormStats, Stats
+
+    small = {"depth": 1, "vision": {"depth": 1, "image_size": image_size}, "prefix": {"width": 32, "mlp_dim": 64},
+             "expert": {"width": 32, "mlp_dim": 64}, "num_cameras": 2, "action_dim": 7}
+    cfg = policy_preset("tiny", small)
+    norm = NormStats(Stats.identity(cfg.state_dim), Stats.identity(cfg.action_dim))
+    return save_policy(path, FlowPolicy(cfg), norm, meta={"env": {"name": "test", "state_dim": 8, "action_dim": 7}})
+
+
+def test_env_config_and_bench_plan_name_the_warp_backend(tmp_path):
+    from vla_rl.config import ConfigError, from_dict, policy_preset
+    from vla_rl.env_factory import EnvConfig, single_env_factory
+    from vla_rl.eval.bench import BenchConfig, bench_markdown, plan_tasks
+
+    cfg = from_dict(EnvConfig, {"kind": "libero_warp", "libero_warp": {"task_ids": [0, 1], "cameras": ["agentview"]}})
+    assert cfg.task.cameras == ("agentview",) and cfg.task.task_ids == [0, 1]
+    with pytest.raises(ConfigError, match="libero is set but kind is 'libero_warp'"):
+        from_dict(EnvConfig, {"kind": "libero_warp", "libero": {"suite": "libero_10"}})
+    with pytest.raises(ConfigError, match="cannot be split over env actors"):
+        single_env_factory(cfg)
+    ckpt = _tiny_libero_checkpoint(tmp_path / "ckpt")
+    bench = from_dict(BenchConfig, {"suite": "libero_spatial", "tasks": [3], "episodes": 5, "backend": "warp",
+                                    "env": {"image_orientation": "rot180", "success_substeps": 1}})
+    model = policy_preset("tiny", {"vision": {"image_size": 32}, "num_cameras": 2, "action_dim": 7})
+    (task,) = plan_tasks(ckpt, bench, model, {})
+    warp = task.env.libero_warp
+    assert task.env.kind == "libero_warp" and warp.task_ids == [3] and warp.init_state_ids == [0, 1, 2, 3, 4]
+    assert warp.episode_order == "indexed" and warp.image_orientation == "rot180" and warp.success_substeps == 1
+    assert warp.cameras == ("agentview", "wrist") and warp.image_size == 32
+    text = bench_markdown({"checkpoint": "c", "weights_sha256": "0" * 64, "command": "x", "tasks": [], "suites": {},
+                           "average": 0.0, "settings": {"backend": "warp"}})
+    assert "MuJoCo Warp" in text and "not the official protocol" in text
+    with pytest.raises(ConfigError, match="backend=warp is for LIBERO"):
+        plan_tasks(ckpt, from_dict(BenchConfig, {"suite": "maniskill:PushCube-v1", "backend": "warp"}), model, {})
+
+
+@needs_sim
+@pytest.mark.slow
+def test_bench_runs_on_the_warp_backend(tmp_path, capsys):
+    from vla_rl.cli import main
+
+    ckpt = _tiny_libero_checkpoint(tmp_path / "ckpt")
+    out = tmp_path / "bench"
+    assert main(["bench", str(ckpt), "--suite", "libero_spatial", "tasks=[0]", "episodes=2", "workers=2",
+                 "backend=warp", "env.max_episode_steps=2", "videos=0", f"out={out}"]) == 0
+    doc = __import__("json").loads((out / "tasks" / "libero_spatial" / "0.json").read_text())
+    assert doc["episodes"] == 2 and [r["init_state_id"] for r in doc["records"]] == [0, 1]
+    assert "MuJoCo Warp" in (out / "results.md").read_text()
