@@ -19,7 +19,9 @@ their targets and settled by robosuite, articulations moved past their threshold
 (``host``: the predicate logic) and Warp's own kinematics and contacts (``warp``); (2) OSC torques from Warp's state
 vs robosuite's over 4 random actions; (3) end-effector and object divergence over ``--steps`` random actions from
 init state 0, per step; (4) PSNR of the two cameras at the episode start (128 px), raw and after a per-channel
-linear colour fit (what is left once the renderers' lighting difference is taken out).
+linear colour fit (what is left once the renderers' lighting difference is taken out); (5) ``success``: a
+scripted pick-and-place policy on privileged state (``warp_fidelity.PickPlaceExpert``, closed loop) from the same
+``--success-episodes`` init states on both simulators: success rates and episode-by-episode agreement.
 """
 
 from __future__ import annotations
@@ -152,7 +154,8 @@ def fidelity_task(single, suite: str, task: int, args) -> dict:
     parts = set(args.parts.split(","))
     cpu = torch.device("cpu")
     t0 = time.perf_counter()
-    scene = load_task_scene(suite, task, [0], single=single)
+    inits = list(range(args.success_episodes)) if "success" in parts else [0]
+    scene = load_task_scene(suite, task, sorted(set(inits) | {0}), single=single)
     out: dict = {"suite": suite, "task": task, "instruction": scene.instruction,
                  "goal": [a.text for a in scene.goal.atoms]}
     if "predicates" in parts:
@@ -207,6 +210,16 @@ def fidelity_task(single, suite: str, task: int, args) -> dict:
                 path = Path(args.save_images) / f"{suite}_{task}_{name}.png"
                 path.parent.mkdir(parents=True, exist_ok=True)
                 Image.fromarray(np.concatenate([ref, ours], axis=1)).save(path)
+    if "success" in parts and scene.goal.atoms[0].op != "joint":
+        max_steps = args.max_steps or LiberoWarpConfig(suite=suite).episode_steps
+        c = F.expert_episodes_cpu(single, task, inits, max_steps)
+        w = F.expert_episodes_warp(TaskWorlds(scene, len(inits), device=cpu, success_substeps=5), inits, max_steps)
+        out["success"] = {"policy": "PickPlaceExpert (scripted, privileged state)", "max_steps": max_steps,
+                          "cpu": [r["success"] for r in c], "warp": [r["success"] for r in w],
+                          "cpu_steps": [r["steps"] for r in c], "warp_steps": [r["steps"] for r in w],
+                          "cpu_rate": sum(r["success"] for r in c) / len(c),
+                          "warp_rate": sum(r["success"] for r in w) / len(w),
+                          "same_outcome": sum(a["success"] == b["success"] for a, b in zip(c, w))}
     out["seconds"] = round(time.perf_counter() - t0, 1)
     return out
 
@@ -245,7 +258,10 @@ def main(argv=None) -> int:
     fp.add_argument("--tasks", default=None, help="task ids (default: all of each suite)")
     fp.add_argument("--steps", type=int, default=20)
     fp.add_argument("--seeds", default="0")
-    fp.add_argument("--parts", default="predicates,torques,trajectory,images")
+    fp.add_argument("--parts", default="predicates,torques,trajectory,images",
+                    help="any of predicates,torques,trajectory,images,success")
+    fp.add_argument("--success-episodes", type=int, default=10, help="success: init states 0..K-1 on both")
+    fp.add_argument("--max-steps", type=int, default=None, help="success: step limit (default: the suite's)")
     fp.add_argument("--save-images", default=None, help="folder for side-by-side PNGs (robosuite | warp)")
     fp.add_argument("--out", default=None)
     args = p.parse_args(argv)

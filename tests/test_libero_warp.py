@@ -237,6 +237,32 @@ def test_predicates_equal_libero_on_goal_states(libero):
 
 
 @needs_sim
+@pytest.mark.slow
+@pytest.mark.parametrize("suite", ["libero_spatial", "libero_object", "libero_goal", "libero_10"])
+def test_predicates_equal_libero_on_every_task(suite):
+    """Every task of the four suites πRL averages: the batched predicates equal LIBERO's on generated goal states
+    (fed MuJoCo's state), and every goal is one the batched predicates implement (none is refused)."""
+    from vla_rl.envs.bddl_predicates import goal_spec
+    from vla_rl.envs.libero import SUITE_NUM_TASKS, LiberoConfig, LiberoSingleEnv
+    from vla_rl.eval.warp_fidelity import goal_states, libero_atoms
+
+    tasks = list(range(SUITE_NUM_TASKS[suite]))
+    single = LiberoSingleEnv(LiberoConfig(suite=suite, task_ids=tasks, cameras=(), max_cached_envs=1))
+    try:
+        reached = 0
+        for t in tasks:
+            single.reset_to(t, 0)
+            spec = goal_spec(single._env.env, single._env.sim.model._model)
+            states = goal_states(single, t, 0)
+            ref, ours = libero_atoms(single, t, states, goal=spec)
+            assert np.array_equal(ref, ours), (suite, t)
+            reached += bool(ref.all(1).any())
+        assert reached >= len(tasks) - 2, f"the goal was reached in only {reached} of {len(tasks)} tasks"
+    finally:
+        single.close()
+
+
+@needs_sim
 def test_trajectory_first_steps_match_robosuite(libero):
     """The same two actions from the same episode start: the hand and the objects end where robosuite's do."""
     from vla_rl.envs.libero_warp import TaskWorlds
@@ -363,3 +389,39 @@ def test_bench_runs_on_the_warp_backend(tmp_path, capsys):
     doc = __import__("json").loads((out / "tasks" / "libero_spatial" / "0.json").read_text())
     assert doc["episodes"] == 2 and [r["init_state_id"] for r in doc["records"]] == [0, 1]
     assert "MuJoCo Warp" in (out / "results.md").read_text()
+
+
+# ---------------------------------------------------------------------------------------------- CUDA (pytest -m gpu)
+@needs_sim
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_env_passes_the_contract_and_stays_on_the_device(libero):
+    import dataclasses
+
+    from contract import check_env_contract
+
+    from vla_rl.envs.libero_warp import LiberoWarpEnv
+
+    _, scene = libero
+    cfg = LiberoWarpConfig(task_ids=[0], init_state_ids=[0, 1], cameras=("agentview", "wrist"), image_size=32,
+                           max_episode_steps=2)
+    env = LiberoWarpEnv(cfg, 4, device="cuda", seed=0, scenes=[dataclasses.replace(scene, substeps=1)])
+    obs = env.reset(seed=0)
+    assert obs["images"].device.type == "cuda" and obs["state"].device.type == "cuda"
+    check_env_contract(env, horizon=2)
+    env.close()
+
+
+@needs_sim
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_a_trajectory_matches_the_cpu_backend(libero):
+    from vla_rl.envs.libero_warp import TaskWorlds
+    from vla_rl.eval.warp_fidelity import object_bodies, random_actions, rollout_warp
+
+    _, scene = libero
+    actions, bodies = random_actions(2, seed=0), object_bodies(scene)
+    cpu = rollout_warp(TaskWorlds(scene, 1, device=torch.device("cpu")), 0, actions, bodies)
+    gpu = rollout_warp(TaskWorlds(scene, 8, device=torch.device("cuda")), 0, actions, bodies)
+    assert np.abs(gpu["eef"] - cpu["eef"]).max() < 1e-4
+    assert np.abs(gpu["bodies"] - cpu["bodies"]).max() < 5e-4

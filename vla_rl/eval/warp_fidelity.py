@@ -224,6 +224,107 @@ def random_actions(steps: int, seed: int, *, scale: float = 0.5, hold: int = 5) 
     return np.repeat(keys, hold, axis=0)[:steps]
 
 
+# ------------------------------------------------------------------------------------------------ a test policy
+class PickPlaceExpert:
+    """A closed-loop scripted pick-and-place policy on privileged state, batched over worlds, for comparing success
+    on the two simulators (not a LIBERO expert: on libero_spatial task 0 it succeeds in about 6 of 10 episodes on
+    robosuite, which makes success sensitive to the dynamics). For a goal whose first atom places an object (on /
+    in a target): move above the object's rim, descend, close, lift, carry the object over the target (with the
+    in-hand offset it has), lower it, open, retreat; when the object falls out of the hand, start again.
+
+    ``act(eef, obj, target)`` ``[N, 3]`` each -> actions ``[N, 7]``. ``rim``: where to grasp, as an x offset from
+    the object's origin (the fingers close along world x in LIBERO's start pose)."""
+
+    LIFT, CARRY, LOWER = 0.15, 0.12, 0.025
+
+    def __init__(self, n: int, rim: float):
+        self.phase = np.zeros(n, dtype=np.int64)
+        self.t = np.zeros(n, dtype=np.int64)
+        self.lift = np.zeros((n, 3))
+        self.grasp_offset = np.array([rim - 0.012, 0.0, 0.03])
+
+    @staticmethod
+    def rim_of(model, body: int) -> float:
+        """Largest x reach of the body's collision geoms around its origin (boxes: position + half size)."""
+        reach = [abs(model.geom_pos[g][0]) + abs(model.geom_size[g][0]) for g in range(model.ngeom)
+                 if model.geom_bodyid[g] == body and model.geom_contype[g]]
+        return float(max(reach)) if reach else 0.0
+
+    def act(self, eef: np.ndarray, obj: np.ndarray, target: np.ndarray) -> np.ndarray:
+        eef, obj, target = (np.asarray(x, dtype=np.float64) for x in (eef, obj, target))
+        ph = self.phase
+        dropped = np.isin(ph, (3, 4, 5)) & (np.linalg.norm(eef - obj, axis=-1) > 0.12)
+        ph[dropped], self.t[dropped] = 0, 0
+        grasp = obj + self.grasp_offset
+        hold = eef - obj
+        self.lift = np.where((ph <= 2)[:, None], grasp + [0, 0, self.LIFT], self.lift)
+        goal = np.select([ph[:, None] == k for k in range(7)],
+                         [grasp + [0, 0, 0.12], grasp, grasp, self.lift, target + hold + [0, 0, self.CARRY],
+                          target + hold + [0, 0, self.LOWER], target + hold + [0, 0, self.LOWER]], default=eef)
+        d = goal - eef
+        a = np.zeros((len(ph), 7))
+        a[:, :3] = np.clip(d / 0.05, -1.0, 1.0)
+        a[:, 6] = np.where(np.isin(ph, (2, 3, 4, 5)), 1.0, -1.0)
+        done = ph == 7
+        a[done, :3] = [0.0, 0.0, 1.0]
+        self.t += 1
+        dist = np.linalg.norm(d, axis=-1)
+        reached = dist < np.where(np.isin(ph, (1, 5)), 0.01, 0.02)
+        advance = (np.isin(ph, (0, 1, 3, 4, 5)) & reached) | ((ph == 1) & (self.t > 25)) | \
+                  ((ph == 2) & (self.t >= 15)) | ((ph == 6) & (self.t >= 10))
+        ph[advance] += 1
+        self.t[advance] = 0
+        return a
+
+
+def expert_episodes_cpu(single, task_id: int, init_ids: list[int], max_steps: int) -> list[dict]:
+    """:class:`PickPlaceExpert` in the CPU adapter, one episode per init state: success and its step."""
+    from vla_rl.envs.bddl_predicates import goal_spec
+
+    out = []
+    for i in init_ids:
+        single.reset_to(task_id, i)
+        env = single._env
+        sim, eef_site = env.sim, env.env.robots[0].eef_site_id
+        atom = goal_spec(env.env, sim.model._model).atoms[0]
+        expert = PickPlaceExpert(1, PickPlaceExpert.rim_of(sim.model._model, atom.body))
+        steps = None
+        for k in range(max_steps):
+            target = sim.data.body_xpos[atom.target_body] if atom.target_body >= 0 else sim.data.site_xpos[atom.site]
+            a = expert.act(sim.data.site_xpos[eef_site][None], sim.data.body_xpos[atom.body][None], target[None])[0]
+            _, _, _, _, success = single.step(a)
+            if success:
+                steps = k + 1
+                break
+        out.append({"init_state_id": i, "success": steps is not None, "steps": steps})
+    return out
+
+
+def expert_episodes_warp(worlds, init_ids: list[int], max_steps: int) -> list[dict]:
+    """The same in a :class:`~vla_rl.envs.libero_warp.TaskWorlds` of ``len(init_ids)`` worlds, all at once."""
+    n, dev = worlds.n, worlds.device
+    if n != len(init_ids):
+        raise ValueError(f"{len(init_ids)} init states need {len(init_ids)} worlds, got {n}")
+    scene = worlds.scene
+    atom = scene.goal.atoms[0]
+    worlds.load_starts(torch.arange(n, device=dev),
+                       torch.tensor([scene.start_index(i) for i in init_ids], device=dev))
+    worlds.kinematics()
+    expert = PickPlaceExpert(n, PickPlaceExpert.rim_of(scene.model, atom.body))
+    v = worlds.v
+    steps = [None] * n
+    for k in range(max_steps):
+        target = v["xpos"][:, atom.target_body] if atom.target_body >= 0 else v["site_xpos"][:, atom.site]
+        a = expert.act(v["site_xpos"][:, scene.eef_site].cpu().numpy(), v["xpos"][:, atom.body].cpu().numpy(),
+                       target.cpu().numpy())
+        worlds.physics_step(torch.as_tensor(a, dtype=torch.float32, device=dev))
+        for j in np.nonzero(worlds.success().cpu().numpy())[0]:
+            steps[j] = steps[j] or k + 1
+        if all(s is not None for s in steps):
+            break
+    return [{"init_state_id": i, "success": s is not None, "steps": s} for i, s in zip(init_ids, steps)]
+
+
 # ------------------------------------------------------------------------------------------------ images
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
     """Peak signal-to-noise ratio (dB) of two uint8 images of one shape (inf when identical)."""
