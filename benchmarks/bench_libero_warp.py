@@ -163,6 +163,18 @@ def fidelity_task(single, suite: str, task: int, args) -> dict:
         ref, host = F.libero_atoms(single, task, states, goal=scene.goal)
         warp = F.warp_atoms(TaskWorlds(scene, len(states), device=cpu), states)
         ops = [a.op for a in scene.goal.atoms]
+        settled = F.warp_settled_atoms(TaskWorlds(scene, len(states), device=cpu, success_substeps=5), states)
+        k, n = settled["qpos"].shape[:2]
+        # LIBERO judges the very states Warp reached (each of the action's last substeps, MuJoCo's own contacts).
+        flat = [np.concatenate([[0.0], settled["qpos"][j, i], settled["qvel"][j, i]])
+                for j in range(k) for i in range(n)]
+        judged, _ = F.libero_atoms(single, task, flat)
+        judged = judged.reshape(k, n, -1)
+        out["predicates_settled_in_warp"] = {
+            "substeps": k, "atom_agree_per_substep": (judged == settled["warp"]).all(-1).mean().round(3).item(),
+            "success_warp": settled["success"].astype(int).tolist(),
+            "success_libero_any_substep": judged.all(-1).any(0).astype(int).tolist(),
+            "success_libero_last_substep": judged[-1].all(-1).astype(int).tolist()}
         out["predicates"] = {
             "states": len(states), "libero_true": ref.sum(0).tolist(), "ops": ops,
             "host_agree": int((ref == host).all(1).sum()), "warp_agree_per_atom": (ref == warp).sum(0).tolist(),
@@ -181,11 +193,21 @@ def fidelity_task(single, suite: str, task: int, args) -> dict:
     if "trajectory" in parts:
         bodies = F.object_bodies(scene)
         runs = []
-        for seed in [int(s) for s in args.seeds.split(",")]:
+        for seed in [int(s) for s in args.seeds.split(",") if s]:
             actions = F.random_actions(args.steps, seed=seed)
             c = F.rollout_cpu(single, task, 0, actions, bodies)
             w = F.rollout_warp(TaskWorlds(scene, 1, device=cpu), 0, actions, bodies)
             runs.append({"seed": seed,
+                         "eef_mm": (1e3 * np.linalg.norm(w["eef"][:, 0] - c["eef"], axis=-1)).round(4).tolist(),
+                         "objects_mm": (1e3 * np.linalg.norm(w["bodies"][:, 0] - c["bodies"], axis=-1).max(-1))
+                         .round(4).tolist(),
+                         "success_cpu": int(c["success"].any()), "success_warp": int(w["success"][:, 0].any())})
+        if args.expert_init is not None:   # contact-rich: the scripted expert's actions, replayed open loop
+            actions = F.expert_actions_cpu(single, task, args.expert_init, args.steps)
+            scene_e = load_task_scene(suite, task, [args.expert_init], single=single)
+            c = F.rollout_cpu(single, task, args.expert_init, actions, bodies)
+            w = F.rollout_warp(TaskWorlds(scene_e, 1, device=cpu), args.expert_init, actions, bodies)
+            runs.append({"expert_init": args.expert_init, "steps": len(actions),
                          "eef_mm": (1e3 * np.linalg.norm(w["eef"][:, 0] - c["eef"], axis=-1)).round(4).tolist(),
                          "objects_mm": (1e3 * np.linalg.norm(w["bodies"][:, 0] - c["bodies"], axis=-1).max(-1))
                          .round(4).tolist(),
@@ -257,7 +279,9 @@ def main(argv=None) -> int:
     fp.add_argument("--suites", default="libero_spatial")
     fp.add_argument("--tasks", default=None, help="task ids (default: all of each suite)")
     fp.add_argument("--steps", type=int, default=20)
-    fp.add_argument("--seeds", default="0")
+    fp.add_argument("--seeds", default="0", help="trajectory: seeds of random action sequences ('' for none)")
+    fp.add_argument("--expert-init", type=int, default=None,
+                    help="trajectory: also replay the scripted expert's actions from this init state")
     fp.add_argument("--parts", default="predicates,torques,trajectory,images",
                     help="any of predicates,torques,trajectory,images,success")
     fp.add_argument("--success-episodes", type=int, default=10, help="success: init states 0..K-1 on both")

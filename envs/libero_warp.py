@@ -76,7 +76,10 @@ def import_warp():
     if mjw.__version__ != mujoco.__version__:
         raise LiberoWarpNotInstalled(f"mujoco-warp {mjw.__version__} does not match mujoco {mujoco.__version__} "
                                      f"(LIBERO's robosuite needs mujoco 3.8.1); {INSTALL_HINT}")
-    wp.config.quiet = True
+    if hasattr(wp, "LOG_WARNING"):   # no init banner
+        wp.config.log_level = wp.LOG_WARNING
+    else:
+        wp.config.quiet = True
     wp.init()
     return wp, mjw
 
@@ -154,6 +157,20 @@ def torch_view(arr, device: torch.device) -> Tensor:
     return torch.zeros(tuple(arr.shape) + inner, dtype=torch.float32, device=device)
 
 
+def warp_compatible(model):
+    """``model``, or a copy with the geom margins (and gaps) set to 0 where any is not: MuJoCo Warp refuses margins
+    with its multi-contact convex collision, which LIBERO's box and mesh geoms use. Only some articulated objects
+    (the microwave: 1 mm) have one; their contacts then start at touch instead of 1 mm before."""
+    if not (model.geom_margin.any() or model.geom_gap.any()):
+        return model
+    import copy
+
+    model = copy.deepcopy(model)
+    model.geom_margin[:] = 0.0
+    model.geom_gap[:] = 0.0
+    return model
+
+
 def mass_matrix_index(model, dofs: np.ndarray) -> np.ndarray:
     """``[J, J]`` positions of the inertia matrix's entries ``M[dofs][:, dofs]`` in MuJoCo's sparse ``qM``
     (found by running ``mj_fullM`` on a ``qM`` that holds its own indices)."""
@@ -180,7 +197,7 @@ class TaskWorlds:
         self.wp, self.mjw = wp, mjw = import_warp()
         self.scene, self.n, self.device = scene, n, torch.device(device)
         self.wdev = warp_device(self.device)
-        mjm = scene.model
+        mjm = warp_compatible(scene.model)
         with self.scope():
             self.m = mjw.put_model(mjm)
             self.d = mjw.make_data(mjm, nworld=n, nconmax=contacts_per_world, njmax=constraints_per_world)
@@ -268,8 +285,9 @@ class TaskWorlds:
                 "mass": self.arm_mass(), "bias": self.qfrc_bias[:, self.arm_dof], "q": v["qpos"][:, self.arm_qpos],
                 "qd": v["qvel"][:, self.arm_dof]}
 
-    def physics_step(self, action: Tensor) -> None:
-        """One policy action ``[n, 7]`` (in [-1, 1]): ``substeps`` physics steps under the OSC and the gripper."""
+    def physics_step(self, action: Tensor, on_substep=None) -> None:
+        """One policy action ``[n, 7]`` (in [-1, 1]): ``substeps`` physics steps under the OSC and the gripper.
+        ``on_substep(s)``, if given, is called after each physics step ``s`` (diagnostics)."""
         mjw, m, d = self.mjw, self.m, self.d
         action = action.to(torch.float64)
         with self.scope():
@@ -289,6 +307,8 @@ class TaskWorlds:
                     self._success = self.goal_now()
                 elif s > self.scene.substeps - self.success_substeps:
                     self._success |= self.goal_now()
+                if on_substep is not None:
+                    on_substep(s)
             # Buffer use, checked once per chunk (reading it here would synchronise every action).
             self.peak_contacts = torch.maximum(self.peak_contacts, self.nacon[0].long())
             self.peak_constraints = torch.maximum(self.peak_constraints, self.nefc.max().long())

@@ -323,15 +323,24 @@ def test_env_contract(libero):
 
 @needs_sim
 @pytest.mark.slow
-def test_env_contract_full_scene_with_cameras(libero):
+def test_env_contract_two_tasks_full_scenes_with_cameras(libero):
+    """Two tasks mixed (a block of worlds each, the instruction per world), the real scenes, both cameras."""
     from contract import check_env_contract
 
+    from vla_rl.envs.libero_scene import load_task_scene
     from vla_rl.envs.libero_warp import LiberoWarpEnv
 
-    _, scene = libero
-    cfg = LiberoWarpConfig(task_ids=[0], init_state_ids=[0, 1], cameras=("agentview", "wrist"), image_size=16,
+    single, scene = libero
+    other = load_task_scene("libero_spatial", 1, [0, 1])
+    cfg = LiberoWarpConfig(task_ids=[0, 1], init_state_ids=[0, 1], cameras=("agentview", "wrist"), image_size=16,
                            max_episode_steps=2)
-    env = LiberoWarpEnv(cfg, 2, device="cpu", seed=0, scenes=[scene])
+    env = LiberoWarpEnv(cfg, 4, device="cpu", seed=0, scenes=[scene, other])
+    assert env.instructions == [scene.instruction] * 2 + [other.instruction] * 2
+    assert scene.instruction != other.instruction
+    with pytest.raises(ValueError, match="different tasks"):
+        env.reset(seed=0, group_size=4)
+    env.reset(seed=0, group_size=2)
+    assert env.init_ids[0] == env.init_ids[1] and env.init_ids[2] == env.init_ids[3]
     check_env_contract(env, horizon=2)
     env.close()
 

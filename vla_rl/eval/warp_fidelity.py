@@ -168,6 +168,30 @@ def warp_atoms(worlds, states: list[np.ndarray], start_index: int = 0) -> np.nda
     return worlds.goal.atoms(**worlds.goal_inputs()).cpu().numpy()
 
 
+def warp_settled_atoms(worlds, states: list[np.ndarray], start_index: int = 0) -> dict[str, np.ndarray]:
+    """Warp's own contacts: the states (one world each) run one no-op action in Warp; after each of its last
+    ``worlds.success_substeps`` physics substeps, Warp's atoms (``warp``) and that substep's state (``qpos``,
+    ``qvel``) for LIBERO to judge, and the env's success of that action (``success``: the goal held after one of
+    them). Arrays ``[k, n, ...]`` over the recorded substeps (``success`` ``[n]``)."""
+    from vla_rl.envs.libero import NOOP
+
+    n, dev = len(states), worlds.device
+    warp_atoms(worlds, states, start_index)   # loads the states (and runs a forward pass)
+    first = worlds.scene.substeps - worlds.success_substeps
+    rec = {"warp": [], "qpos": [], "qvel": []}
+
+    def record(s: int) -> None:
+        if s >= first:
+            rec["warp"].append(worlds.goal.atoms(**worlds.goal_inputs()).cpu().numpy())
+            rec["qpos"].append(worlds.v["qpos"].double().cpu().numpy().copy())
+            rec["qvel"].append(worlds.v["qvel"].double().cpu().numpy().copy())
+
+    worlds.physics_step(torch.as_tensor(NOOP, dtype=torch.float32, device=dev).expand(n, -1), on_substep=record)
+    out = {k: np.stack(v) for k, v in rec.items()}
+    out["success"] = worlds.success().cpu().numpy()
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ trajectories
 def object_bodies(scene) -> list[int]:
     """The bodies whose trajectories are compared: every body the goal names (objects placed, supports)."""
@@ -298,6 +322,26 @@ def expert_episodes_cpu(single, task_id: int, init_ids: list[int], max_steps: in
                 break
         out.append({"init_state_id": i, "success": steps is not None, "steps": steps})
     return out
+
+
+def expert_actions_cpu(single, task_id: int, init_id: int, max_steps: int) -> np.ndarray:
+    """The actions ``[T, 7]`` :class:`PickPlaceExpert` takes in the CPU adapter's episode (up to its success):
+    an action sequence with grasps and carried objects, for comparing contact-rich trajectories open loop."""
+    from vla_rl.envs.bddl_predicates import goal_spec
+
+    single.reset_to(task_id, init_id)
+    env = single._env
+    sim, eef_site = env.sim, env.env.robots[0].eef_site_id
+    atom = goal_spec(env.env, sim.model._model).atoms[0]
+    expert = PickPlaceExpert(1, PickPlaceExpert.rim_of(sim.model._model, atom.body))
+    actions = []
+    for _ in range(max_steps):
+        target = sim.data.body_xpos[atom.target_body] if atom.target_body >= 0 else sim.data.site_xpos[atom.site]
+        a = expert.act(sim.data.site_xpos[eef_site][None], sim.data.body_xpos[atom.body][None], target[None])[0]
+        actions.append(a)
+        if single.step(a)[4]:
+            break
+    return np.stack(actions)
 
 
 def expert_episodes_warp(worlds, init_ids: list[int], max_steps: int) -> list[dict]:
