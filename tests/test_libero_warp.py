@@ -146,6 +146,21 @@ def test_missing_mujoco_warp_names_the_extra(monkeypatch):
         import_warp()
 
 
+def test_cli_without_mujoco_warp_is_an_env_error_naming_the_extra(monkeypatch, tmp_path, capsys):
+    """``vla-rl train ... env.kind=libero_warp`` without the extra: one line, the ``env`` kind, what to install."""
+    import sys
+
+    from vla_rl.cli import main
+
+    monkeypatch.setitem(sys.modules, "mujoco_warp", None)
+    out = tmp_path / "run"
+    assert main(["train", "libero_spatial_warp_flow_noise", "device=cpu", "bf16=false", "init=null",
+                 "env.num_envs=2", f"out={out}", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("vla-rl: env error: MuJoCo Warp is not installed"), err
+    assert "pip install -e '.[warp]'" in err[0] and "--resume" not in err[0]
+
+
 # ---------------------------------------------------------------------------------------------- against robosuite
 @pytest.fixture(scope="module")
 def libero():
