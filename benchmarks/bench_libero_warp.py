@@ -1,8 +1,8 @@
 """LIBERO on MuJoCo Warp (``env.kind: libero_warp``): speed against the number of worlds, and fidelity to
 robosuite-LIBERO (the CPU adapter) on the same states.
 
-    python benchmarks/bench_libero_warp.py speed [--device cpu|cuda] [--worlds 1,4,16] [--cameras 0,2]
-        [--image-size 128] [--horizon 8] [--chunks 2] [--policy both|off|on] [--out FILE.json]
+    python benchmarks/bench_libero_warp.py [speed] [--device cpu|cuda] [--worlds 1,4,16] [--cameras 0,2]
+        [--image-size 128] [--horizon 8] [--chunks 2] [--policy both|off|on] [--out FILE.json] [--smoke]
     python benchmarks/bench_libero_warp.py fidelity [--suites libero_spatial,...] [--tasks 0,1] [--steps 20]
         [--seeds 0,1] [--parts predicates,torques,trajectory,images] [--out FILE.json]
 
@@ -12,7 +12,11 @@ the loop (the ``tiny`` preset, 4 ODE steps, on the same device; one chunk sample
 warm-up chunk first (kernels load), then ``--chunks`` timed chunks. Also CPU seconds of this process and, on a GPU,
 peak memory (torch's allocator and Warp's mempool). The CPU backend runs Warp's kernels on one thread; its numbers
 show the backend works, not how fast it is on a GPU (where the same command with ``--device cuda --worlds
-1,64,320,1024,4096`` is the measurement to make).
+1,64,320,1024,4096`` is the measurement to make). ``speed`` is the default: ``--device cuda`` alone measures 320 and
+4096 worlds (what benchmarks/gpu_acceptance.py runs). ``--smoke`` runs the speed code paths on the CPU (physics alone;
+two 16 px cameras with the policy; one world, one physics substep per action; ~30 CPU-seconds, most of it building
+the renderer): a check that the script works, no numbers. It reports a skip, not a failure, where MuJoCo Warp is
+not installed or ``VLA_RL_SKIP_SIMULATORS=1``.
 
 ``fidelity``: per task, (1) LIBERO's predicates vs the batched ones on generated goal states (objects put on / in
 their targets and settled by robosuite, articulations moved past their thresholds), fed MuJoCo's float64 state
@@ -121,11 +125,17 @@ def run_speed(args) -> dict:
         log("no CUDA device: nothing measured (use --device cpu)")
         return {"device": args.device, "rows": [], "note": "not measured: no GPU available"}
     scenes = [load_task_scene("libero_spatial", 0, [0, 1])]
+    if args.smoke:   # the code paths, not the physics: one substep per action
+        import dataclasses
+
+        scenes = [dataclasses.replace(scenes[0], substeps=1)]
     policies = {"both": (False, True), "off": (False,), "on": (True,)}[args.policy]
     rows = []
     for cameras in [int(c) for c in args.cameras.split(",")]:
         for n in [int(w) for w in args.worlds.split(",")]:
             for policy in policies:
+                if args.smoke and policy != bool(cameras):   # each code path once: physics alone, all of it
+                    continue
                 row = speed_case(scenes, n, cameras, policy, args, device)
                 log(json.dumps(row))
                 rows.append(row)
@@ -263,18 +273,32 @@ def run_fidelity(args) -> dict:
     return {"host": platform.node(), "cpus": os.cpu_count(), "tasks": results}
 
 
+def smoke_skip() -> str | None:
+    """Why the smoke run cannot run here (None: it can)."""
+    if os.environ.get("VLA_RL_SKIP_SIMULATORS") == "1":
+        return "VLA_RL_SKIP_SIMULATORS=1"
+    from vla_rl.envs.libero_warp import LiberoWarpNotInstalled, import_warp
+
+    try:
+        import_warp()
+    except LiberoWarpNotInstalled as e:
+        return str(e)
+    return None
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
     sp = sub.add_parser("speed")
     sp.add_argument("--device", default="cpu")
-    sp.add_argument("--worlds", default="1,4,16")
+    sp.add_argument("--worlds", default=None, help="world counts (default: 1,4,16 on cpu, 320,4096 on cuda)")
     sp.add_argument("--cameras", default="0,2")
     sp.add_argument("--image-size", type=int, default=128)
     sp.add_argument("--horizon", type=int, default=8)
     sp.add_argument("--chunks", type=int, default=2)
     sp.add_argument("--policy", choices=("both", "off", "on"), default="both")
     sp.add_argument("--out", default=None)
+    sp.add_argument("--smoke", action="store_true", help="CPU, one world, tiny sizes: checks the script, no numbers")
     fp = sub.add_parser("fidelity")
     fp.add_argument("--suites", default="libero_spatial")
     fp.add_argument("--tasks", default=None, help="task ids (default: all of each suite)")
@@ -288,10 +312,22 @@ def main(argv=None) -> int:
     fp.add_argument("--max-steps", type=int, default=None, help="success: step limit (default: the suite's)")
     fp.add_argument("--save-images", default=None, help="folder for side-by-side PNGs (robosuite | warp)")
     fp.add_argument("--out", default=None)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in ("speed", "fidelity", "-h", "--help"):
+        argv = ["speed", *argv]
     args = p.parse_args(argv)
+    if args.what == "speed":
+        if args.smoke:
+            args.device, args.worlds, args.cameras, args.image_size, args.horizon, args.chunks = \
+                "cpu", "1", "0,2", 16, 1, 1
+            skip = smoke_skip()
+            if skip:
+                log(f"skipped: {skip}")
+                return 0
+        args.worlds = args.worlds or ("320,4096" if args.device.startswith("cuda") else "1,4,16")
     torch.set_num_threads(1)
     doc = run_speed(args) if args.what == "speed" else run_fidelity(args)
-    doc["command"] = " ".join(["python", "benchmarks/bench_libero_warp.py", *(argv or sys.argv[1:])])
+    doc["command"] = " ".join(["python", "benchmarks/bench_libero_warp.py", *argv])
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(doc, indent=1))

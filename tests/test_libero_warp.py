@@ -415,6 +415,45 @@ def test_bench_runs_on_the_warp_backend(tmp_path, capsys):
     assert "MuJoCo Warp" in (out / "results.md").read_text()
 
 
+def _bench_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_libero_warp.py"
+    spec = importlib.util.spec_from_file_location("bench_libero_warp", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_script_defaults_to_speed_and_says_when_no_gpu_measured(monkeypatch, tmp_path):
+    """``bench_libero_warp.py --device cuda`` (what gpu_acceptance.py runs) is the speed measurement; without CUDA
+    it writes that nothing was measured instead of failing or measuring something else."""
+    import json
+
+    bench = _bench_script()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench.main(["--device", "cuda", "--out", str(tmp_path / "speed.json")]) == 0
+    doc = json.loads((tmp_path / "speed.json").read_text())
+    assert doc["rows"] == [] and doc["note"] == "not measured: no GPU available"
+    assert doc["command"].endswith("speed --device cuda --out " + str(tmp_path / "speed.json"))
+    monkeypatch.setenv("VLA_RL_SKIP_SIMULATORS", "1")
+    assert bench.main(["--smoke", "--out", str(tmp_path / "smoke.json")]) == 0
+    assert not (tmp_path / "smoke.json").exists()
+
+
+@needs_sim
+@pytest.mark.slow
+def test_bench_script_smoke_runs_its_speed_code_paths(tmp_path):
+    import json
+
+    bench = _bench_script()
+    assert bench.main(["--smoke", "--out", str(tmp_path / "smoke.json")]) == 0
+    rows = json.loads((tmp_path / "smoke.json").read_text())["rows"]
+    assert [(r["cameras"], r["policy"]) for r in rows] == [(0, False), (2, True)]
+    assert all(r["env_steps"] == 1 and r["env_steps_per_s"] > 0 for r in rows)
+
+
 # ---------------------------------------------------------------------------------------------- CUDA (pytest -m gpu)
 @needs_sim
 @pytest.mark.gpu
