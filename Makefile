@@ -41,8 +41,11 @@ $(VENV)/.ray: $(VENV)/.installed pyproject.toml | $(VENV)/.libero
 	touch $@
 
 # MuJoCo Warp for tests/test_libero_warp.py (the `warp` extra, pinned to LIBERO's mujoco); after Ray (order only).
+# Then its smoke run, which compiles the CPU kernels the tests use (minutes, once: cached in ~/.cache/warp), so that
+# compiling is part of the install and not of the tests' time.
 $(VENV)/.warp: $(VENV)/.installed pyproject.toml | $(VENV)/.libero $(VENV)/.ray
 	$(PY) -m pip install --quiet -e ".[test,warp]" "torch==$(TORCH_VERSION)" "numpy<2"
+	$(PY) benchmarks/bench_libero_warp.py --smoke
 	touch $@
 
 test: install $(VENV)/.ray $(VENV)/.warp
