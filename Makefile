@@ -40,11 +40,19 @@ $(VENV)/.ray: $(VENV)/.installed pyproject.toml | $(VENV)/.libero
 	$(PY) -m pip install --quiet -e ".[train,test,ray]"
 	touch $@
 
-test: install $(VENV)/.ray
+# MuJoCo Warp for tests/test_libero_warp.py (the `warp` extra, pinned to LIBERO's mujoco); after Ray (order only).
+# Then its smoke run, which compiles the CPU kernels the tests use (minutes, once: cached in ~/.cache/warp), so that
+# compiling is part of the install and not of the tests' time.
+$(VENV)/.warp: $(VENV)/.installed pyproject.toml | $(VENV)/.libero $(VENV)/.ray
+	$(PY) -m pip install --quiet -e ".[test,warp]" "torch==$(TORCH_VERSION)" "numpy<2"
+	$(PY) benchmarks/bench_libero_warp.py --smoke
+	touch $@
+
+test: install $(VENV)/.ray $(VENV)/.warp
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 
-test-slow: install $(VENV)/.ray
+test-slow: install $(VENV)/.ray $(VENV)/.warp
 	$(PY) -m pytest -q -m slow
 
 bench: install

@@ -2,7 +2,7 @@
 (bench_gpu.py: a chunk at batch 1 <= 50 ms with bf16 weights and the graphed denoising loop; batch 64 within
 1.3 x the prefix alone; one PPO update of 64 samples fitting 80 GB, training everything, the expert only and LoRA,
 beside the memory plan), the colocated 320-env rollout and update (bench_train.py, `small` policy, bf16), and any
-GPU simulator benchmark present (benchmarks/bench_libero_warp.py, when it exists). It writes what each step printed,
+GPU simulator benchmark present (benchmarks/bench_libero_warp.py: LIBERO worlds on MuJoCo Warp). It writes what each step printed,
 its command, exit status and time into one markdown file (default runs/gpu_acceptance/results.md) whose tables go
 into benchmarks/RESULTS.md.
 
@@ -39,7 +39,7 @@ class Step:
 def gpu_steps(py: str) -> list[Step]:
     return [
         Step("tests", "`pytest -m gpu` (policy, envs, rollouts, trainer, CUDA-graph loop on the device)",
-             [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests"], 150),
+             [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests"], 130),
         Step("bench_gpu", "bench_gpu.py: pi0 chunk latency (batch 1, batch 64 vs prefix), PPO update memory "
              "(full, freeze_prefix, LoRA r=16) against the memory plan",
              [py, "benchmarks/bench_gpu.py", "--modes", "none,cudagraph", "--repeats", "5", "--checkpointing", "all",
@@ -48,7 +48,7 @@ def gpu_steps(py: str) -> list[Step]:
              [py, "benchmarks/bench_train.py", "--device", "cuda", "--envs", "320", "--model", "small", "--bf16",
               "--repeats", "2"], 60),
         Step("bench_libero_warp", "bench_libero_warp.py: LIBERO scenes on MuJoCo Warp on the GPU",
-             [py, "benchmarks/bench_libero_warp.py", "--device", "cuda"], 60,
+             [py, "benchmarks/bench_libero_warp.py", "--device", "cuda"], 80,
              optional_file="benchmarks/bench_libero_warp.py"),
     ]
 
@@ -63,7 +63,7 @@ def smoke_steps(py: str) -> list[Step]:
         Step("bench_train", "bench_train.py on the CPU, tiny sizes",
              [py, "benchmarks/bench_train.py", "--device", "cpu", "--envs", "4", "--chunks", "1", "--epochs", "1",
               "--minibatches", "1", "--repeats", "1", "--num-steps", "2", "--threads", "1"], 120),
-        Step("bench_libero_warp", "bench_libero_warp.py (absent until its issue lands)",
+        Step("bench_libero_warp", "bench_libero_warp.py --smoke (one world on the CPU)",
              [py, "benchmarks/bench_libero_warp.py", "--smoke"], 120, optional_file="benchmarks/bench_libero_warp.py"),
     ]
 

@@ -26,6 +26,7 @@ USER_ERRORS = [
     ("vla_rl.rl.trainer", "TrainingError", "training"),
     ("vla_rl.envs.worker_pool", "WorkerError", "env"),
     ("vla_rl.envs.libero", "LiberoNotInstalled", "env"),
+    ("vla_rl.envs.libero_warp", "LiberoWarpNotInstalled", "env"),
     ("vla_rl.envs.maniskill", "ManiSkillUnavailable", "env"),
     ("vla_rl.policies.tokenizer", "TokenizerError", "tokenizer"),
     ("vla_rl.distributed.runtime", "ClusterError", "cluster"),
@@ -450,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"vla-rl: internal error: {type(e).__name__}: {one_line(str(e))} (a bug; run again with --debug "
                   "or VLA_RL_DEBUG=1 for the traceback)", file=sys.stderr)
             return 1
-        print(f"vla-rl: {kind} error: {one_line(str(e))}{advice(kind, args)}", file=sys.stderr)
+        print(f"vla-rl: {kind} error: {one_line(str(e))}{advice(kind, args, e)}", file=sys.stderr)
         return 2
 
 
@@ -491,9 +492,12 @@ def run_dir(args) -> str:
     return str(getattr(args, "run_dir", None) or "<run folder>")
 
 
-def advice(kind: str, args) -> str:
+def advice(kind: str, args, e: BaseException | None = None) -> str:
     """What a CLI user can do next, where the error's message cannot know it."""
-    if kind == "env" and args.command == "train":
+    # A simulator that is not installed: its message says what to install; resuming would not help.
+    missing = e is not None and type(e).__name__ in ("LiberoNotInstalled", "LiberoWarpNotInstalled",
+                                                     "ManiSkillUnavailable")
+    if kind == "env" and args.command == "train" and not missing:
         return (f"; the run's checkpoints are intact: continue it with `vla-rl train --resume {run_dir(args)} "
                 "env.restart_dead_workers=2`, which also restarts env workers that die")
     if kind == "training":

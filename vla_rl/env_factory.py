@@ -17,9 +17,11 @@ import torch
 from vla_rl.config import ConfigError, check_ranges, nonneg, positive
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv, ColorReachSingleEnv
 from vla_rl.envs.libero import LiberoConfig
+from vla_rl.envs.libero_warp import LiberoWarpConfig
 from vla_rl.envs.maniskill import ManiSkillConfig
 
-KINDS = ("builtin", "maniskill", "libero")
+KINDS = ("builtin", "maniskill", "libero", "libero_warp")
+BATCHED_KINDS = ("builtin", "libero_warp")   # one in-process batch on the policy's device: no worker processes
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,7 @@ class EnvConfig:
     """Which simulator (``kind``), how many envs, and that simulator's own settings. Only the section named
     by ``kind`` is read; setting another section is an error (it would silently do nothing)."""
 
-    kind: Literal["builtin", "maniskill", "libero"] = "builtin"
+    kind: Literal["builtin", "maniskill", "libero", "libero_warp"] = "builtin"
     num_envs: int = positive(64)
     # Worker envs (ManiSkill on CPU, LIBERO): envs per worker process. None: one worker per CPU core.
     envs_per_worker: int | None = positive(None)
@@ -37,6 +39,7 @@ class EnvConfig:
     builtin: ColorReachConfig = field(default_factory=ColorReachConfig)
     maniskill: ManiSkillConfig = field(default_factory=ManiSkillConfig)
     libero: LiberoConfig = field(default_factory=LiberoConfig)
+    libero_warp: LiberoWarpConfig = field(default_factory=LiberoWarpConfig)
 
     def __post_init__(self):
         check_ranges(self)
@@ -47,12 +50,12 @@ class EnvConfig:
             if other != self.kind and getattr(self, other) != defaults[other].default_factory():
                 raise ConfigError(f"{other} is set but kind is {self.kind!r}: set kind={other} "
                                   f"or move those settings to the {self.kind} section")
-        if self.kind == "builtin" and self.envs_per_worker not in (None, 1):
-            raise ConfigError("envs_per_worker is for worker envs (maniskill on CPU, libero); the builtin "
+        if self.kind in BATCHED_KINDS and self.envs_per_worker not in (None, 1):
+            raise ConfigError(f"envs_per_worker is for worker envs (maniskill on CPU, libero); the {self.kind} "
                               "env runs in-process as one batch")
 
     @property
-    def task(self) -> ColorReachConfig | ManiSkillConfig | LiberoConfig:
+    def task(self) -> ColorReachConfig | ManiSkillConfig | LiberoConfig | LiberoWarpConfig:
         """The typed settings of the chosen simulator."""
         return getattr(self, self.kind)
 
@@ -88,6 +91,10 @@ def make_env(cfg: EnvConfig, *, num_envs: int, device: torch.device | str, seed:
         return WorkerVectorEnv(functools.partial(LiberoSingleEnv, cfg.libero), num_envs, seed=seed,
                                name="libero", envs_per_worker=cfg.envs_per_worker,
                                max_restarts=cfg.restart_dead_workers, log=log)
+    if cfg.kind == "libero_warp":
+        from vla_rl.envs.libero_warp import LiberoWarpEnv
+
+        return LiberoWarpEnv(cfg.libero_warp, num_envs, device=device, seed=seed)
     raise ConfigError(f"unknown env.kind {cfg.kind!r}")
 
 
@@ -109,6 +116,9 @@ def single_env_factory(cfg: EnvConfig, device: torch.device | str = "cpu") -> tu
         from vla_rl.envs.libero import LiberoSingleEnv
 
         return functools.partial(LiberoSingleEnv, cfg.libero), "libero"
+    if cfg.kind == "libero_warp":
+        raise ConfigError("libero_warp runs all envs as one batch on the policy's device; it cannot be split over "
+                          "env actors (use ray.env_actors=0)")
     raise ConfigError(f"unknown env.kind {cfg.kind!r}")
 
 

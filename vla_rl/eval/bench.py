@@ -72,6 +72,10 @@ class BenchConfig:
     video_format: Literal["mp4", "gif"] = "mp4"
     out: str = "runs/bench"
     env: dict[str, Any] = field(default_factory=dict)  # simulator settings (LiberoConfig / ManiSkillConfig fields)
+    # LIBERO's simulator: "robosuite" (the official protocol's, CPU worker processes) or "warp" (env.kind
+    # libero_warp: the same tasks and init states batched on MuJoCo Warp on `device`; results are marked as such and
+    # are not the protocol's numbers). With "warp", env may also set LiberoWarpConfig's own fields.
+    backend: Literal["robosuite", "warp"] = "robosuite"
     progress: bool = True
     # torch threads of this process: "auto" = the cores idle at the start less one per env worker process (at
     # least 1), or a number (1 when several jobs start together on one machine); see vla_rl.threads
@@ -140,7 +144,18 @@ def plan_tasks(checkpoint: str | Path, cfg: BenchConfig, model_cfg, policy_confi
         train_env = None
         if (Path(checkpoint) / "train_config.yaml").is_file():
             train_env = read_yaml_file(Path(checkpoint) / "train_config.yaml").get("env")
-        base = libero_env_config(policy_config, model_cfg, cfg.env, train_env)
+        warp_only = {}
+        if cfg.backend == "warp":
+            from dataclasses import fields
+
+            from vla_rl.envs.libero import LiberoConfig
+            from vla_rl.envs.libero_warp import LiberoWarpConfig
+
+            shared = {f.name for f in fields(LiberoConfig)}
+            warp_only = {k: v for k, v in cfg.env.items() if k not in shared
+                         and k in {f.name for f in fields(LiberoWarpConfig)}}
+        base = libero_env_config(policy_config, model_cfg, {k: v for k, v in cfg.env.items() if k not in warp_only},
+                                 train_env)
         if n > 50:
             raise ConfigError(f"episodes={n}: LIBERO tasks have 50 fixed initial states")
         out = []
@@ -151,8 +166,13 @@ def plan_tasks(checkpoint: str | Path, cfg: BenchConfig, model_cfg, policy_confi
                 raise ConfigError(f"tasks {bad} out of range: {suite} has {SUITE_NUM_TASKS[suite]} tasks")
             for t in ids:
                 lib = replace(base, suite=suite, task_ids=[t], init_state_ids=list(range(n)), episode_order="indexed")
-                out.append(BenchTask(suite, str(t), EnvConfig(kind="libero", libero=lib), n, 0))
+                env = EnvConfig(kind="libero", libero=lib)
+                if cfg.backend == "warp":
+                    env = EnvConfig(kind="libero_warp", libero_warp=_warp_config(lib, warp_only))
+                out.append(BenchTask(suite, str(t), env, n, 0))
         return out
+    if cfg.backend != "robosuite":
+        raise ConfigError(f"backend={cfg.backend} is for LIBERO suites; ManiSkill runs its own simulator")
     env_cfg = checkpoint_env_config(checkpoint, {})
     if env_cfg.kind != "maniskill":
         raise BenchError(f"{checkpoint} was made for a {env_cfg.kind} env, not ManiSkill; a ManiSkill bench needs a "
@@ -161,6 +181,22 @@ def plan_tasks(checkpoint: str | Path, cfg: BenchConfig, model_cfg, policy_confi
     base = from_dict(type(env_cfg.maniskill), {**to_dict(env_cfg.maniskill), **cfg.env}, prefix="env")
     return [BenchTask("maniskill", t, EnvConfig(kind="maniskill", maniskill=replace(base, task=t)), n, cfg.seed)
             for t in tasks]
+
+
+def _warp_config(lib, extra: dict):
+    """The ``libero_warp`` config of a LIBERO protocol task: the same suite, task, init states, episode order, step
+    limit, settle steps and observations, plus Warp's own settings ``extra``."""
+    from dataclasses import fields
+
+    from vla_rl.envs.libero_warp import LiberoWarpConfig
+
+    names = {f.name for f in fields(LiberoWarpConfig)}
+    shared = {f.name: getattr(lib, f.name) for f in fields(lib) if f.name in names}
+    shared = {k: list(v) if isinstance(v, tuple) else v for k, v in shared.items()}
+    try:
+        return from_dict(LiberoWarpConfig, {**shared, **extra}, prefix="env")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def binomial_se(successes: int, n: int) -> float:
@@ -191,6 +227,8 @@ def _identity(cfg: BenchConfig, weights: str) -> dict:
              "episodes": cfg.episodes_per_task, "env": dict(cfg.env)}
     if cfg.dtype != "fp32":   # named only when not the default, so benches written before the option still match
         ident["dtype"] = cfg.dtype
+    if cfg.backend != "robosuite":
+        ident["backend"] = cfg.backend
     return ident
 
 
@@ -227,13 +265,13 @@ def run_task(actor_for, task: BenchTask, cfg: BenchConfig, out: Path, log) -> di
     finally:
         env.close()
     instruction = ""
-    if task.env.kind == "libero":
+    if task.env.kind in ("libero", "libero_warp"):
         from vla_rl.envs.libero import episode_of, task_instruction
 
-        instruction = task_instruction(task.env.libero.suite, int(task.task))
-        for r in records:   # which fixed initial state each episode was
-            r["task_id"], r["init_state_id"] = episode_of(r["episode_seed"], task.env.libero.task_ids,
-                                                          task.env.libero.init_state_ids)
+        lib = task.env.task
+        instruction = task_instruction(lib.suite, int(task.task))
+        for r in records:   # which fixed initial state each episode was (libero_warp: one task, the same order)
+            r["task_id"], r["init_state_id"] = episode_of(r["episode_seed"], lib.task_ids, lib.init_state_ids)
     else:
         instruction = task.env.maniskill.task_instruction
     for r in records:
@@ -363,8 +401,11 @@ def summarize_bench(tasks: list[dict]) -> dict:
 
 def bench_markdown(summary: dict) -> str:
     lines = [f"# Bench of `{summary.get('checkpoint')}`", "",
-             f"Weights SHA-256 `{summary.get('weights_sha256', '')[:16]}…`; command: `{summary.get('command')}`", "",
-             "| suite | task | instruction | success | ± SE | episodes |", "|---|---|---|---|---|---|"]
+             f"Weights SHA-256 `{summary.get('weights_sha256', '')[:16]}…`; command: `{summary.get('command')}`", ""]
+    if (summary.get("settings") or {}).get("backend") == "warp":
+        lines += ["Simulator: **MuJoCo Warp** (`env.kind: libero_warp`), not the official protocol's robosuite: the "
+                  "same tasks, init states and step limits on another simulator (docs/envs.md).", ""]
+    lines += ["| suite | task | instruction | success | ± SE | episodes |", "|---|---|---|---|---|---|"]
     for t in summary["tasks"]:
         lines.append(f"| {t['suite']} | {t['task']} | {t['instruction']} | {100 * t['success_rate']:.1f} % | "
                      f"{100 * t['se']:.1f} | {t['episodes']} |")

@@ -10,6 +10,8 @@ the model's image size.
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from vla_rl.checkpoint import CheckpointError
 from vla_rl.config import ConfigError, from_dict
 from vla_rl.env_factory import EnvConfig
@@ -26,8 +28,8 @@ PROTOCOL_KEYS = ("suite", "task_ids", "init_state_ids", "episode_order")
 
 def libero_env_config(config: dict, model_cfg, env_overrides: dict | None = None,
                       train_env: dict | None = None) -> LiberoConfig:
-    """The LIBERO env config for a checkpoint: the ``env.libero`` settings of the LIBERO env it was trained on
-    (``train_env``, else the checkpoint's ``env_config``), else the datasets' orientation ``rot180``;
+    """The LIBERO env config for a checkpoint: the ``env.libero`` (or ``env.libero_warp``) settings of the LIBERO env
+    it was trained on (``train_env``, else the checkpoint's ``env_config``), else the datasets' orientation ``rot180``;
     then ``env_overrides``; checked against the model's inputs. The protocol's own keys (suite, tasks, init
     states, episode order) and the step limit (official unless ``env_overrides`` sets one) are not taken over.
 
@@ -45,9 +47,11 @@ def libero_env_config(config: dict, model_cfg, env_overrides: dict | None = None
                               f"LIBERO needs at least {STATE_DIM}/{ACTION_DIM}")
     base: dict = {"image_orientation": DATASET_ORIENTATION}
     train_env = train_env or config.get("env_config")
-    if isinstance(train_env, dict) and train_env.get("kind") == "libero":
-        base = {k: v for k, v in (EnvConfig.upgrade(train_env).get("libero") or {}).items()
-                if k not in ("suite", "task_ids", "init_state_ids", "max_episode_steps")}
+    kind = train_env.get("kind") if isinstance(train_env, dict) else None
+    if kind in ("libero", "libero_warp"):   # a policy trained on either backend sees the same observations
+        own = {f.name for f in fields(LiberoConfig)}
+        base = {k: v for k, v in (EnvConfig.upgrade(train_env).get(kind) or {}).items()
+                if k in own and k not in ("suite", "task_ids", "init_state_ids", "max_episode_steps")}
     env_overrides = dict(env_overrides or {})
     fixed = [k for k in PROTOCOL_KEYS if k in env_overrides]
     if fixed:

@@ -93,7 +93,7 @@ def describe_env(env: dict, *, state_dim: int, action_dim: int, num_cameras: int
                  camera_names: tuple[str, ...] = ()) -> dict:
     """ExportSpec fields known from the env config ``env`` (``{"kind": ..., <kind>: {...}}``; {} if unknown)."""
     kind = env.get("kind") if isinstance(env, dict) else None
-    if kind not in ("builtin", "maniskill", "libero"):
+    if kind not in ("builtin", "maniskill", "libero", "libero_warp"):
         return {"control_mode": "unknown", "action_low": None, "action_high": None,
                 "cameras": _generic_cameras(num_cameras, image_size, camera_names),
                 "notes": "The source did not record its robot: actions are not clipped; set names, units and bounds "
@@ -112,7 +112,7 @@ def describe_env(env: dict, *, state_dim: int, action_dim: int, num_cameras: int
                 "action_names": actions[0], "action_units": actions[1],
                 "cameras": [{"name": "image", "height": task.image_size, "width": task.image_size}],
                 "source": {"env": {"kind": kind, **section}}}
-    if kind == "libero":
+    if kind in ("libero", "libero_warp"):   # the same robot, controller and observations on either simulator
         names, units = LIBERO_STATE
         return {"control_mode": "libero:OSC_POSE (delta end-effector pose)", "action_low": -1.0, "action_high": 1.0,
                 "state_names": names if state_dim == 8 else [], "state_units": units if state_dim == 8 else [],
