@@ -30,11 +30,11 @@ import torch
 
 from vla_rl.config import policy_preset
 from vla_rl.policies import flow
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.inference import Denoiser, cast_weights
 from vla_rl.policies.lora import LoRAConfig, merge_lora
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.rollout import Rollout
 

@@ -68,8 +68,8 @@ def sft_policy(folder, model_overrides: dict, steps: int):
     expert demos (seeded), and return the policy folder."""
     from vla_rl.checkpoint import save_policy
     from vla_rl.data.collect import collect_builtin_demos
+    from vla_rl.policies.actor import Actor
     from vla_rl.policies.normalize import NormStats, Stats
-    from vla_rl.rl.actor import Actor
     from vla_rl.sft import SFTConfig, train_sft
 
     torch.manual_seed(0)

@@ -12,9 +12,9 @@ from vla_rl.config import ConfigError, from_dict, policy_preset
 from vla_rl.distributed.config import RayConfig
 from vla_rl.distributed.gradsync import pack_gradients, sum_over_learners, unpack_gradients
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.rollout import collect_rollout
 from vla_rl.rl.trainer import TrainConfig, resumed_config

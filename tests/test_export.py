@@ -21,8 +21,8 @@ from vla_rl.cli import main
 from vla_rl.config import ConfigError, policy_preset
 from vla_rl.interop.export import export_nbytes, export_policy, resolve_source
 from vla_rl.policies import ExportError, ObservationError, load_exported
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.normalize import NormStats, Stats, actions_from_model, actions_to_model, state_to_model
-from vla_rl.rl.actor import Actor, SamplerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 

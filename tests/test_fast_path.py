@@ -6,8 +6,8 @@ import torch
 from helpers import make_obs, perturbed_model
 
 from vla_rl.policies import flow
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.rl.actor import Actor, SamplerConfig
 
 PRESETS = ["tiny", "tiny_pi05"]
 

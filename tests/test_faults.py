@@ -676,7 +676,7 @@ def test_a_killed_worker_is_restarted_its_envs_reset_with_their_seeds_up_to_the_
 
 def test_a_worker_killed_mid_rollout_drops_its_partial_episodes_from_the_update(sft):
     from vla_rl.checkpoint import load_policy
-    from vla_rl.rl.actor import Actor, SamplerConfig
+    from vla_rl.policies.actor import Actor, SamplerConfig
     from vla_rl.rl.learner import Learner, PPOConfig
     from vla_rl.rl.rollout import collect_rollout
 

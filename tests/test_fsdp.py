@@ -13,8 +13,8 @@ from helpers import perturbed_model
 from safetensors.torch import load_file, save_file
 
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.rollout import collect_rollout
 

@@ -13,7 +13,7 @@ from helpers import make_obs, perturbed_model, train_config
 
 from vla_rl.envs.builtin import ColorReachEnv
 from vla_rl.policies import flow
-from vla_rl.rl.actor import Actor, SamplerConfig
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.rl.rollout import collect_rollout
 from vla_rl.rl.trainer import Trainer, resume_trainer
 

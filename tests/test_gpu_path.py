@@ -16,12 +16,12 @@ from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
 from vla_rl.eval.bench import BenchConfig
 from vla_rl.eval.evaluate import EvalConfig
 from vla_rl.policies import flow, inference
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.inference import Denoiser, cast_weights, euler_steps, weight_dtype
 from vla_rl.policies.layers import RMSNorm
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.policies.recompute import activation_checkpointing
-from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.rollout import collect_rollout
 

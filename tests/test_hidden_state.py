@@ -7,9 +7,9 @@ import torch
 
 from vla_rl.checkpoint import CheckpointError, load_policy, save_policy
 from vla_rl.config import policy_preset
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats, parse_dims
-from vla_rl.rl.actor import Actor, SamplerConfig
 
 
 def test_parse_dims_known_answers_and_errors():

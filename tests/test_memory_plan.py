@@ -16,10 +16,10 @@ from vla_rl.cli import main as cli_main
 from vla_rl.config import ConfigError, from_dict, policy_preset
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
 from vla_rl.policies import flow
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.policies.recompute import activation_checkpointing
-from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.losses import aggregate_log_prob
 from vla_rl.rl.memory_plan import (

@@ -9,8 +9,8 @@ import torch
 from helpers import perturbed_model
 
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.optim import LeanAdamW, make_optimizer, state_nbytes, stochastic_round
 from vla_rl.rl.rollout import collect_rollout

@@ -14,9 +14,9 @@ from vla_rl.env_factory import single_env_factory
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachSingleEnv
 from vla_rl.envs.workers import WorkerVectorEnv
 from vla_rl.policies import flow
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.rl.rollout import collect_rollout
 from vla_rl.rl.trainer import TrainConfig, Trainer, resume_trainer
 

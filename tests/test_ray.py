@@ -48,9 +48,9 @@ def cluster():
 def sft(tmp_path_factory) -> Path:
     from vla_rl.config import policy_preset
     from vla_rl.data.collect import collect_builtin_demos
+    from vla_rl.policies.actor import Actor
     from vla_rl.policies.model import FlowPolicy
     from vla_rl.policies.normalize import NormStats, Stats
-    from vla_rl.rl.actor import Actor
     from vla_rl.sft import SFTConfig, train_sft
 
     torch.manual_seed(0)

@@ -6,9 +6,9 @@ import torch
 from vla_rl.checkpoint import CheckpointError, load_policy, save_policy
 from vla_rl.config import policy_preset
 from vla_rl.data.collect import collect_builtin_demos
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.sft import SFTConfig, loss_summary, train_sft
 
 SMALL = {"depth": 2, "vision": {"depth": 1}, "prefix": {"width": 64, "mlp_dim": 128},

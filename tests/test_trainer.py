@@ -11,9 +11,9 @@ from helpers import SMALL, train_config
 from vla_rl.checkpoint import CheckpointError
 from vla_rl.cli import main as cli_main
 from vla_rl.config import ConfigError, policy_preset, to_dict
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.rl.trainer import Trainer, resume_trainer
 
 

@@ -25,9 +25,9 @@ from vla_rl.data.collect import collect_builtin_demos
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
 from vla_rl.eval.evaluate import evaluate
 from vla_rl.policies import flow
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy, count_parameters
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.sft import SFTConfig, loss_summary, train_sft
 from vla_rl.threads import policy_threads, threads_note, torch_threads
 

@@ -12,8 +12,8 @@ import torch
 from vla_rl.config import check_ranges, nonneg, positive, ranged
 from vla_rl.data.dataset import DemoDataset, drop_idle_frames
 from vla_rl.policies import flow
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.progress import progress as progress_bar
-from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.threads import local_worker_processes, policy_threads, torch_threads
 
 

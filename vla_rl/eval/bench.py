@@ -42,7 +42,7 @@ from vla_rl.env_factory import EnvConfig, make_env
 from vla_rl.envs.worker_pool import WorkerError
 from vla_rl.eval.evaluate import checkpoint_env_config, evaluate_episodes
 from vla_rl.eval.paired import paired_difference
-from vla_rl.rl.actor import Actor, SamplerConfig
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.threads import local_worker_processes, policy_threads, torch_threads
 
 LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")

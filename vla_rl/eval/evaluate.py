@@ -14,7 +14,7 @@ import torch
 
 from vla_rl.config import check_ranges, nonneg, positive, ranged, resolve_device
 from vla_rl.env_factory import EnvConfig, env_identity, make_env
-from vla_rl.rl.actor import Actor, SamplerConfig
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.threads import local_worker_processes, policy_threads, torch_threads
 
 EPISODE_METRICS = ("success_once", "success_at_end", "return", "length")

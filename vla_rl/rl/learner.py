@@ -18,12 +18,12 @@ from torch import Tensor
 
 from vla_rl.config import ConfigError, check_ranges, fraction, nonneg, positive, ranged
 from vla_rl.policies import flow
+from vla_rl.policies.actor import Actor
 from vla_rl.policies.inference import cast_weights
 from vla_rl.policies.lora import LoRAConfig, apply_lora, frozen_by_lora
 from vla_rl.policies.recompute import activation_checkpointing
 from vla_rl.rl import advantages as adv_lib
 from vla_rl.rl import losses
-from vla_rl.rl.actor import Actor
 from vla_rl.rl.losses import LogProbConfig, aggregate_log_prob
 from vla_rl.rl.optim import make_optimizer
 from vla_rl.rl.rollout import Rollout

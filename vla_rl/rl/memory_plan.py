@@ -189,9 +189,9 @@ def _nbytes(t: Tensor) -> int:
 def meta_learner(policy_cfg, ppo):
     """The learner a run with policy ``policy_cfg`` and settings ``ppo`` builds, on the meta device (no memory):
     its model with LoRA adapters, its trained set and dtypes, its optimizer."""
+    from vla_rl.policies.actor import Actor
     from vla_rl.policies.model import FlowPolicy
     from vla_rl.policies.normalize import NormStats, Stats
-    from vla_rl.rl.actor import Actor
     from vla_rl.rl.learner import Learner
 
     with torch.device("meta"):

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from vla_rl.policies import flow
-from vla_rl.rl.actor import Actor, SamplerConfig
+from vla_rl.policies.actor import Actor, SamplerConfig
 
 
 def first_episode_mask(env_index: list[int]) -> list[bool]:

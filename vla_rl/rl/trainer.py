@@ -39,10 +39,10 @@ from vla_rl.distributed.runtime import make_runtime
 from vla_rl.env_factory import EnvConfig, make_env
 from vla_rl.eval.evaluate import evaluate
 from vla_rl.outputs import check_output, clear_output
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.progress import progress
-from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.metrics_log import MetricsLog, summary_line
 from vla_rl.rl.preflight import recorded_limit, rollout_warnings
