@@ -38,7 +38,8 @@ from pathlib import Path
 
 import torch
 
-from vla_rl.checkpoint import CheckpointError, save_policy
+from vla_rl.checkpoint.folders import CheckpointError
+from vla_rl.checkpoint.policy import save_policy
 from vla_rl.config import load_preset, policy_preset
 from vla_rl.data.collect import collect_builtin_demos
 from vla_rl.data.maniskill_demos import collect_maniskill

@@ -13,7 +13,7 @@ block-causally (π0's state token sees the prefix and itself, the action tokens 
 
 The options of :class:`~vla_rl.policies.config.PolicyConfig` cover LeRobot's / openpi's π0 (state token in
 the suffix, concat time MLP) and π0.5 (state as text, adaptive RMSNorm throughout the expert), so their
-checkpoints load one to one (:mod:`vla_rl.interop.lerobot`).
+checkpoints load one to one (:mod:`vla_rl.checkpoint.lerobot_pi`).
 
 The model knows no algorithm: samplers and likelihoods live in :mod:`vla_rl.policies.flow`, and
 :meth:`FlowPolicy.field` adapts the model to their ``field(x_t, t)`` protocol.

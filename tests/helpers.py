@@ -66,7 +66,7 @@ def perturbed_model(preset: str = "tiny", overrides: dict | None = None, seed: i
 def sft_policy(folder, model_overrides: dict, steps: int):
     """Save into ``folder`` the tiny policy with ``model_overrides`` after ``steps`` SFT steps on 4 built-in
     expert demos (seeded), and return the policy folder."""
-    from vla_rl.checkpoint import save_policy
+    from vla_rl.checkpoint.policy import save_policy
     from vla_rl.data.collect import collect_builtin_demos
     from vla_rl.policies.actor import Actor
     from vla_rl.policies.normalize import NormStats, Stats

@@ -16,7 +16,7 @@ import torch
 import yaml
 from exported_fixture import observation, policy_folder
 
-from vla_rl.checkpoint import CheckpointError
+from vla_rl.checkpoint.folders import CheckpointError
 from vla_rl.cli import main
 from vla_rl.config import ConfigError, policy_preset
 from vla_rl.interop.export import export_nbytes, export_policy, resolve_source

@@ -28,7 +28,7 @@ import torch
 from helpers import needs_simulator, sft_policy
 
 import vla_rl
-from vla_rl.checkpoint import CheckpointError, NonFiniteError, read_tensors
+from vla_rl.checkpoint.folders import CheckpointError, NonFiniteError, read_tensors
 from vla_rl.cli import main as cli_main
 from vla_rl.config import ConfigError, describe_range, from_dict
 from vla_rl.outputs import OutputExistsError
@@ -255,7 +255,7 @@ def test_collect_help_says_what_collect_does_with_an_occupied_folder(capsys):
 
 
 def test_keep_last_never_deletes_the_checkpoint_just_saved_nor_later_ones(tmp_path):
-    from vla_rl.rl.state import checkpoint_path, list_checkpoints, prune
+    from vla_rl.checkpoint.training import checkpoint_path, list_checkpoints, prune
 
     for it in (1, 2, 3, 7, 12):
         checkpoint_path(tmp_path, it).mkdir(parents=True)
@@ -270,7 +270,7 @@ def test_keep_last_never_deletes_the_checkpoint_just_saved_nor_later_ones(tmp_pa
 # 3. A non-finite model is never written; a run whose updates are all skipped stops with an error
 # ----------------------------------------------------------------------------------------------------
 def test_non_finite_tensors_are_never_written_and_the_old_folder_stays(tmp_path):
-    from vla_rl.checkpoint import write_atomic_folder
+    from vla_rl.checkpoint.folders import write_atomic_folder
 
     path = write_atomic_folder(tmp_path / "ckpt", tensors={"model": {"w": torch.ones(3)}}, yamls={"config": {"a": 1}})
     before = (path / "model.safetensors").read_bytes()
@@ -283,8 +283,8 @@ def test_non_finite_tensors_are_never_written_and_the_old_folder_stays(tmp_path)
 
 def test_weights_made_non_finite_stop_the_run_and_the_last_good_checkpoint_stays_newest(sft, tmp_path, monkeypatch,
                                                                                          capsys):
+    from vla_rl.checkpoint.training import list_checkpoints, verify_checkpoint
     from vla_rl.rl import learner as learner_mod
-    from vla_rl.rl.state import list_checkpoints, verify_checkpoint
 
     real = learner_mod.Learner.update
 
@@ -423,8 +423,8 @@ def test_a_dead_env_worker_gives_advice_a_cli_user_can_follow(sft, tmp_path, mon
 def test_a_full_disk_keeps_the_previous_checkpoint_and_is_one_line(sft, tmp_path, monkeypatch, capsys):
     import errno
 
-    import vla_rl.checkpoint as ckpt_mod
-    from vla_rl.rl.state import list_checkpoints, verify_checkpoint
+    import vla_rl.checkpoint.folders as ckpt_mod
+    from vla_rl.checkpoint.training import list_checkpoints, verify_checkpoint
 
     real, calls = ckpt_mod.save_file, []
 
@@ -548,7 +548,7 @@ def test_eval_of_a_run_folder_evaluates_its_newest_checkpoint(finished_run, caps
 # ----------------------------------------------------------------------------------------------------
 KILL_IN_SAVE = """
 import os, signal, sys
-import vla_rl.checkpoint as ckpt
+import vla_rl.checkpoint.folders as ckpt
 real = ckpt.save_file
 def save_file(tensors, path, *a, **k):
     if "iter_000002" in path and path.endswith("optimizer.safetensors"):
@@ -675,7 +675,7 @@ def test_a_killed_worker_is_restarted_its_envs_reset_with_their_seeds_up_to_the_
 
 
 def test_a_worker_killed_mid_rollout_drops_its_partial_episodes_from_the_update(sft):
-    from vla_rl.checkpoint import load_policy
+    from vla_rl.checkpoint.policy import load_policy
     from vla_rl.policies.actor import Actor, SamplerConfig
     from vla_rl.rl.learner import Learner, PPOConfig
     from vla_rl.rl.rollout import collect_rollout

@@ -87,7 +87,7 @@ def test_builtin_env_on_cuda_passes_the_contract():
 
 
 def test_rollout_stays_on_the_device(sft_checkpoint):
-    from vla_rl.checkpoint import load_policy
+    from vla_rl.checkpoint.policy import load_policy
 
     model, norm, _ = load_policy(sft_checkpoint, device="cuda")
     env = ColorReachEnv(8, device="cuda", seed=0)

@@ -316,7 +316,7 @@ def test_learner_with_checkpointing_under_bf16_autocast_on_cuda():
 def test_eval_takes_dtype_and_compile(tmp_path):
     """`vla-rl eval ... dtype=bf16 compile=cudagraph`: on a CPU the loop falls back (a warning) and evaluates
     the same episodes as the default; bf16 weights evaluate too."""
-    from vla_rl.checkpoint import save_policy
+    from vla_rl.checkpoint.policy import save_policy
     from vla_rl.data.collect import collect_builtin_demos
     from vla_rl.eval.evaluate import evaluate_checkpoint
 

@@ -5,7 +5,8 @@ import json
 import pytest
 import torch
 
-from vla_rl.checkpoint import CheckpointError, load_policy, save_policy
+from vla_rl.checkpoint.folders import CheckpointError
+from vla_rl.checkpoint.policy import load_policy, save_policy
 from vla_rl.config import policy_preset
 from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy

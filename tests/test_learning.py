@@ -25,7 +25,7 @@ import sys
 import pytest
 import torch
 
-from vla_rl.checkpoint import load_policy, save_policy
+from vla_rl.checkpoint.policy import load_policy, save_policy
 from vla_rl.config import policy_preset
 from vla_rl.data.collect import collect_builtin_demos
 from vla_rl.envs.builtin import ColorReachEnv

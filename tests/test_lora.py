@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import make_obs, perturbed_model, train_config
 
-from vla_rl.checkpoint import load_policy
+from vla_rl.checkpoint.policy import load_policy
 from vla_rl.config import ConfigError, from_dict
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
 from vla_rl.policies.actor import Actor, SamplerConfig

@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import needs_simulator, simulator_import
 
-from vla_rl.checkpoint import load_policy
+from vla_rl.checkpoint.policy import load_policy
 from vla_rl.cli import main
 from vla_rl.data.lerobot import read_lerobot_dataset, read_lerobot_info
 from vla_rl.data.maniskill_demos import (

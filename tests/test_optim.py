@@ -112,8 +112,8 @@ def test_a_ppo_update_with_lean_options_matches_the_fp32_update(options, max_rel
 
 
 def test_lean_state_survives_a_checkpoint_round_trip(tmp_path):
-    from vla_rl.checkpoint import policy_files
-    from vla_rl.rl.state import load_training_state, save_checkpoint
+    from vla_rl.checkpoint.policy import policy_files
+    from vla_rl.checkpoint.training import load_training_state, save_checkpoint
 
     model, norm, ro = rollout_and_model()
     options = {"param_dtype": "bf16", "optimizer_state_dtype": "bf16"}

@@ -149,7 +149,7 @@ def _config(init, out, **over) -> TrainConfig:
 
 @pytest.fixture(scope="module")
 def sft(tmp_path_factory):
-    from vla_rl.checkpoint import save_policy
+    from vla_rl.checkpoint.policy import save_policy
     from vla_rl.data.collect import collect_builtin_demos
     from vla_rl.sft import SFTConfig, train_sft
 

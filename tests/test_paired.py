@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from vla_rl.checkpoint import save_policy
+from vla_rl.checkpoint.policy import save_policy
 from vla_rl.cli import main as cli_main
 from vla_rl.config import policy_preset
 from vla_rl.data.collect import collect_builtin_demos

@@ -1,7 +1,7 @@
 """Warnings at the start of a run whose rollouts are shorter than its episodes, or whose episode limit is not the
 one the init policy's dataset recorded (docs/new_task.md, section 2)."""
 
-from vla_rl.checkpoint import save_policy
+from vla_rl.checkpoint.policy import save_policy
 from vla_rl.config import from_dict, policy_preset
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats

@@ -13,10 +13,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vla_rl.checkpoint import CheckpointError, load_policy, save_policy
+from vla_rl.checkpoint import lerobot_pi as lr_import
+from vla_rl.checkpoint.folders import CheckpointError
+from vla_rl.checkpoint.lerobot_pi import LeRobotImportError, import_lerobot, load_lerobot
+from vla_rl.checkpoint.policy import load_any_policy, load_policy, save_policy
 from vla_rl.cli import main as cli_main
-from vla_rl.interop import lerobot as lr_import
-from vla_rl.interop.lerobot import LeRobotImportError, import_lerobot, load_any_policy, load_lerobot
 from vla_rl.policies import flow, load_exported
 from vla_rl.policies.tokenizer import SentencePieceTokenizer, TokenizerError, discretize_state, pi05_prompt
 

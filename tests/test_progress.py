@@ -86,7 +86,7 @@ def every_update(monkeypatch):
 
 
 def test_eval_reports_episodes_as_they_end(tmp_path, capsys, every_update):
-    from vla_rl.checkpoint import save_policy
+    from vla_rl.checkpoint.policy import save_policy
     from vla_rl.cli import main
     from vla_rl.config import policy_preset
     from vla_rl.policies.model import FlowPolicy

@@ -20,7 +20,8 @@ ray = pytest.importorskip("ray")
 from helpers import step_groups_like_one_batch  # noqa: E402
 from inline_pool import InProcessPool  # noqa: E402
 
-from vla_rl.checkpoint import read_tensors, save_policy  # noqa: E402
+from vla_rl.checkpoint.folders import read_tensors  # noqa: E402
+from vla_rl.checkpoint.policy import save_policy  # noqa: E402
 from vla_rl.config import from_dict  # noqa: E402
 from vla_rl.distributed.config import RayConfig  # noqa: E402
 from vla_rl.distributed.runtime import connect  # noqa: E402

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from vla_rl.checkpoint import CheckpointError, load_policy, save_policy
+from vla_rl.checkpoint.folders import CheckpointError
+from vla_rl.checkpoint.policy import load_policy, save_policy
 from vla_rl.config import policy_preset
 from vla_rl.data.collect import collect_builtin_demos
 from vla_rl.policies.actor import Actor, SamplerConfig

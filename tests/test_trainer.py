@@ -8,7 +8,7 @@ import torch
 import yaml
 from helpers import SMALL, train_config
 
-from vla_rl.checkpoint import CheckpointError
+from vla_rl.checkpoint.folders import CheckpointError
 from vla_rl.cli import main as cli_main
 from vla_rl.config import ConfigError, policy_preset, to_dict
 from vla_rl.policies.actor import Actor, SamplerConfig
@@ -213,7 +213,7 @@ def test_grpo_run_groups_envs_by_initial_state(sft_checkpoint, tmp_path):
 
 
 def test_critic_warm_up_moves_the_value_head_only(sft_checkpoint):
-    from vla_rl.checkpoint import load_policy
+    from vla_rl.checkpoint.policy import load_policy
     from vla_rl.envs.builtin import ColorReachEnv
     from vla_rl.rl.learner import Learner, PPOConfig
     from vla_rl.rl.rollout import collect_rollout
@@ -241,7 +241,7 @@ def test_critic_warm_up_moves_the_value_head_only(sft_checkpoint):
 def test_the_rollout_records_its_sampler_and_the_learner_recomputes_its_log_probs(sft_checkpoint, method):
     """Before any update the learner's recomputed chunk log-probs equal the rollout's own (ratio 1), read with
     the sampler and ``execute`` the rollout recorded."""
-    from vla_rl.checkpoint import load_policy
+    from vla_rl.checkpoint.policy import load_policy
     from vla_rl.envs.builtin import ColorReachEnv
     from vla_rl.policies import flow
     from vla_rl.rl.losses import LogProbConfig, aggregate_log_prob
@@ -343,7 +343,7 @@ def test_rollout_seeds_are_disjoint_across_iterations_and_away_from_demo_and_eva
 
 
 def test_reward_scale_scales_the_value_targets(sft_checkpoint, tmp_path):
-    from vla_rl.checkpoint import load_policy
+    from vla_rl.checkpoint.policy import load_policy
     from vla_rl.rl.learner import Learner, PPOConfig
     from vla_rl.rl.rollout import Rollout
 
@@ -455,7 +455,7 @@ def test_rollout_success_over_first_episodes_counts_every_env_once(sft_checkpoin
 def test_best_checkpoint_is_the_best_evaluation_and_survives_resume(sft_checkpoint, tmp_path):
     """checkpoints/best holds the weights of the first iteration with the highest evaluation so far, across
     a resume, and is a policy folder ``vla-rl eval`` reads (it reproduces the recorded success)."""
-    from vla_rl.checkpoint import read_tensors, read_yaml_file
+    from vla_rl.checkpoint.folders import read_tensors, read_yaml_file
     from vla_rl.eval.evaluate import evaluate_checkpoint
 
     # A large actor lr so the evaluations move; every checkpoint kept so each iteration's weights can be compared.

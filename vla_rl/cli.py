@@ -18,7 +18,7 @@ from vla_rl.config import ConfigError, from_dict, merge, parse_overrides, preset
 USER_ERRORS = [
     ("vla_rl.policies.ranges", "ConfigError", "config"),
     ("vla_rl.outputs", "OutputExistsError", "output"),
-    ("vla_rl.checkpoint", "CheckpointError", "checkpoint"),
+    ("vla_rl.checkpoint.folders", "CheckpointError", "checkpoint"),
     ("vla_rl.data.lerobot", "LeRobotDatasetError", "dataset"),
     ("vla_rl.data.maniskill_demos", "ManiSkillDemoError", "dataset"),
     ("vla_rl.data.lerobot_video", "VideoError", "dataset"),
@@ -71,7 +71,7 @@ def _train(args) -> int:
             raise ConfigError(f"give either a CONFIG ({args.config}) or --resume RUN_DIR, not both: a resumed run "
                               "keeps its own config (change settings with key=value overrides)")
         if args.plan:
-            from vla_rl.rl.state import latest_checkpoint
+            from vla_rl.checkpoint.training import latest_checkpoint
             from vla_rl.rl.trainer import resumed_config
 
             saved = read_yaml(latest_checkpoint(args.resume) / "train_config.yaml")
@@ -210,7 +210,7 @@ def _export(args) -> int:
 
 
 def _import(args) -> int:
-    from vla_rl.interop.lerobot import import_lerobot
+    from vla_rl.checkpoint.lerobot_pi import import_lerobot
     from vla_rl.outputs import check_output
 
     if args.kind != "lerobot":

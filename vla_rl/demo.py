@@ -19,7 +19,7 @@ from typing import Literal
 
 import torch
 
-from vla_rl.checkpoint import save_policy
+from vla_rl.checkpoint.policy import save_policy
 from vla_rl.config import check_ranges, load_preset, nonneg, policy_preset, ranged, to_dict
 from vla_rl.data.collect import collect_builtin_demos
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv

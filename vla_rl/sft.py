@@ -176,7 +176,7 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True, ov
 
     The model preset's camera count and state / action sizes follow the data unless ``cfg.policy`` sets
     them (sizes only grow: a smaller env vector is zero-padded into the model's)."""
-    from vla_rl.checkpoint import save_policy
+    from vla_rl.checkpoint.policy import save_policy
     from vla_rl.config import ConfigError, from_dict, policy_preset, to_dict
     from vla_rl.env_factory import EnvConfig, make_env
     from vla_rl.eval.evaluate import evaluate
@@ -204,7 +204,7 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True, ov
     print(f"dataset {dataset}: {data.num_episodes} episodes, {len(data)} frames, {len(data.tasks)} tasks, "
           f"{cams} camera(s){f' {h}x{w}' if cams else ''}, state {state_dim}, action {action_dim}")
     if cfg.init is not None:
-        from vla_rl.interop.lerobot import load_any_policy
+        from vla_rl.checkpoint.policy import load_any_policy
 
         if cfg.policy:
             raise ConfigError("policy.* overrides change a fresh preset; an init= policy keeps its architecture")

@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 import torch
 from PIL import Image
 
-from vla_rl.checkpoint import atomic_folder
+from vla_rl.checkpoint.folders import atomic_folder
 from vla_rl.data.dataset import DemoDataset
 from vla_rl.data.lerobot_video import DEFAULT_CODEC, PIX_FMT, VideoError, VideoWriter, codec_name, read_frames
 

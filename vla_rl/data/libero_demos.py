@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from vla_rl.checkpoint import atomic_folder
+from vla_rl.checkpoint.folders import atomic_folder
 from vla_rl.config import check_ranges, nonneg, positive, ranged, to_dict
 from vla_rl.data.dataset import DemoDataset
 from vla_rl.progress import progress as progress_bar

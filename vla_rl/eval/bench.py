@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 import torch
 
-from vla_rl.checkpoint import read_yaml_file
+from vla_rl.checkpoint.folders import read_yaml_file
 from vla_rl.config import ConfigError, check_ranges, from_dict, nonneg, positive, to_dict
 from vla_rl.env_factory import EnvConfig, make_env
 from vla_rl.envs.worker_pool import WorkerError
@@ -253,7 +253,7 @@ def run_task(actor_for, task: BenchTask, cfg: BenchConfig, out: Path, log) -> di
 def run_bench(checkpoint: str | Path, cfg: BenchConfig, *, command: list[str] | None = None, log=print) -> dict:
     """Run (or resume) a bench of ``checkpoint`` into ``cfg.out``; returns the results document."""
     checkpoint = Path(checkpoint)
-    from vla_rl.interop.lerobot import load_any_policy  # ours, or a LeRobot π0 / π0.5 folder
+    from vla_rl.checkpoint.policy import load_any_policy  # ours, or a LeRobot π0 / π0.5 folder
     from vla_rl.policies.inference import cast_weights
 
     model, norm, policy_config = load_any_policy(checkpoint, device=cfg.device)

@@ -182,7 +182,7 @@ def open_checkpoint(path: str | Path, *, env_config, num_envs: int, device: torc
     """A policy or training checkpoint folder's policy as an :class:`Actor` on ``device`` (weights in ``dtype``,
     the denoising loop run as ``compile`` says), and ``num_envs`` of the env ``env_config`` (an
     :class:`~vla_rl.env_factory.EnvConfig`, usually :func:`checkpoint_env_config` of the same folder)."""
-    from vla_rl.interop.lerobot import load_any_policy
+    from vla_rl.checkpoint.policy import load_any_policy
     from vla_rl.policies.inference import cast_weights
 
     model, norm, _ = load_any_policy(Path(path))
@@ -198,9 +198,9 @@ def open_checkpoint(path: str | Path, *, env_config, num_envs: int, device: torc
 def checkpoint_env_config(path: str | Path, env_overrides: dict):
     """The env a checkpoint folder was made for: a training checkpoint's ``train_config.yaml``, else the one
     an SFT policy was trained for (its saved config), with ``env_overrides`` on top."""
-    from vla_rl.checkpoint import read_yaml_file
+    from vla_rl.checkpoint.folders import read_yaml_file
+    from vla_rl.checkpoint.lerobot_pi import is_lerobot_folder
     from vla_rl.config import from_dict, merge
-    from vla_rl.interop.lerobot import is_lerobot_folder
 
     path = Path(path)
     if (path / "train_config.yaml").is_file():
@@ -215,7 +215,7 @@ def checkpoint_env_config(path: str | Path, env_overrides: dict):
 def resolve_checkpoint(path: str | Path, log=print) -> Path:
     """``path`` itself if it is a policy or training checkpoint folder; for a training run folder, its newest
     intact checkpoint (said through ``log``)."""
-    from vla_rl.rl.state import checkpoint_dir, latest_checkpoint
+    from vla_rl.checkpoint.training import checkpoint_dir, latest_checkpoint
 
     path = Path(path)
     if path.is_dir() and not (path / "model.safetensors").is_file() and checkpoint_dir(path).is_dir():

@@ -10,7 +10,7 @@ the model's image size.
 
 from __future__ import annotations
 
-from vla_rl.checkpoint import CheckpointError
+from vla_rl.checkpoint.folders import CheckpointError
 from vla_rl.config import ConfigError, from_dict
 from vla_rl.env_factory import EnvConfig
 from vla_rl.envs.libero import ACTION_DIM, STATE_DIM, LiberoConfig

@@ -22,14 +22,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from vla_rl.checkpoint import (
-    FORMAT_VERSION,
-    CheckpointError,
-    adapter_scaling,
-    atomic_folder,
-    read_tensors,
-    read_yaml_file,
-)
+from vla_rl.checkpoint.folders import FORMAT_VERSION, CheckpointError, atomic_folder, read_tensors, read_yaml_file
+from vla_rl.checkpoint.policy import adapter_scaling
 from vla_rl.config import ConfigError, merge
 from vla_rl.policies import lora
 from vla_rl.policies.config import PolicyConfig
@@ -57,7 +51,7 @@ def resolve_source(src: str | Path) -> Path:
         best = path / "checkpoints" / "best"
         if (best / "config.yaml").is_file():
             return best
-        from vla_rl.rl.state import list_checkpoints
+        from vla_rl.checkpoint.training import list_checkpoints
 
         # Export needs the policy files only (a resume point also needs the optimizer and RNG state).
         policies = [c for c in list_checkpoints(path) if (c / "config.yaml").is_file()

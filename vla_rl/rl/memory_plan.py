@@ -207,7 +207,7 @@ def _policy_config(train_cfg):
     if train_cfg.init:
         from pathlib import Path
 
-        from vla_rl.checkpoint import read_yaml_file
+        from vla_rl.checkpoint.folders import read_yaml_file
         from vla_rl.policies.config import PolicyConfig
 
         path = Path(train_cfg.init)

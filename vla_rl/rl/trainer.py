@@ -20,7 +20,15 @@ from typing import Literal
 import torch
 import yaml
 
-from vla_rl.checkpoint import CheckpointError, load_policy, policy_files, read_yaml_file, write_atomic_folder
+from vla_rl.checkpoint.folders import CheckpointError, read_yaml_file, write_atomic_folder
+from vla_rl.checkpoint.policy import load_policy, policy_files
+from vla_rl.checkpoint.training import (
+    list_checkpoints,
+    load_training_state,
+    resume_candidates,
+    save_checkpoint,
+    verify_checkpoint,
+)
 from vla_rl.config import (
     ConfigError,
     check_ranges,
@@ -47,15 +55,6 @@ from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.metrics_log import MetricsLog, summary_line
 from vla_rl.rl.preflight import recorded_limit, rollout_warnings
 from vla_rl.rl.rollout import collect_rollout, first_episode_mask, step_groups
-from vla_rl.rl.state import (  # noqa: F401  (CHECKPOINT_PREFIX, latest_checkpoint: re-exported for callers)
-    CHECKPOINT_PREFIX,
-    latest_checkpoint,
-    list_checkpoints,
-    load_training_state,
-    resume_candidates,
-    save_checkpoint,
-    verify_checkpoint,
-)
 from vla_rl.threads import local_worker_processes, policy_threads, threads_note
 
 
@@ -226,7 +225,7 @@ class Trainer:
         if self.resume_from is not None:   # self-contained: the checkpoint's own policy config and weights
             model, norm, _ = load_policy(self.resume_from, device=self.device)
         elif cfg.init:
-            from vla_rl.interop.lerobot import load_any_policy  # ours, or a LeRobot π0 / π0.5 folder
+            from vla_rl.checkpoint.policy import load_any_policy  # ours, or a LeRobot π0 / π0.5 folder
 
             model, norm, init_config = load_any_policy(cfg.init, device=self.device)
         else:
@@ -283,7 +282,7 @@ class Trainer:
         self.close()
 
     # ------------------------------------------------------------------------------------------------
-    # Checkpoints (the files and their checks live in vla_rl.rl.state)
+    # Checkpoints (the files and their checks live in vla_rl.checkpoint.training)
     # ------------------------------------------------------------------------------------------------
     def _policy_folder(self) -> tuple[dict, dict]:
         """The files of a policy folder for the current weights, plus this run's ``train_config.yaml`` (which

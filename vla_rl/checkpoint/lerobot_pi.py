@@ -37,7 +37,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from vla_rl.checkpoint import FORMAT_VERSION, CheckpointError, atomic_folder, load_policy
+from vla_rl.checkpoint.folders import FORMAT_VERSION, CheckpointError, atomic_folder
 from vla_rl.config import ConfigError, from_dict, merge, to_dict
 from vla_rl.policies.config import PolicyConfig
 from vla_rl.policies.model import FlowPolicy
@@ -492,14 +492,6 @@ def load_lerobot(src: str | Path, *, tokenizer: str | Path | None = None, overri
               "normalization": {"mode": norm.mode, "hidden_state_dims": []},
               "source": {"lerobot": str(src.resolve()), "type": lr["type"], "normalization": modes}}
     return model.to(device).eval(), norm, config
-
-
-def load_any_policy(path: str | Path, device="cpu") -> tuple[FlowPolicy, NormStats, dict]:
-    """:func:`vla_rl.checkpoint.load_policy` of one of our policy folders, or :func:`load_lerobot` of a LeRobot
-    π0 / π0.5 folder (imported on the fly; its tokenizer found next to it or in the Hugging Face cache)."""
-    if is_lerobot_folder(path):
-        return load_lerobot(path, device=device)
-    return load_policy(path, device=device)
 
 
 def import_lerobot(src: str | Path, out: str | Path, *, tokenizer: str | Path | None = None,
