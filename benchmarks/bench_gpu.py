@@ -140,10 +140,10 @@ def restore(model: FlowPolicy) -> None:
 
 
 def planned_gib(args, method: str, parts: str, train: str, cuda: bool) -> str:
-    """The memory plan's total for this row's update (vla_rl/rl/memory_plan.py), to set beside the measured peak."""
+    """The memory plan's total for this row's update (vla_rl/train/memory_plan.py), to set beside the measured peak."""
     from vla_rl.config import from_dict
-    from vla_rl.rl.memory_plan import GIB, plan_memory
-    from vla_rl.rl.trainer import TrainConfig
+    from vla_rl.train.memory_plan import GIB, plan_memory
+    from vla_rl.train.trainer import TrainConfig
 
     ppo = {"minibatches": 1, "update_epochs": 1, "grad_checkpointing": parts,
            **({"freeze_prefix": True} if train == "freeze_prefix" else {}),

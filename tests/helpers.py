@@ -100,7 +100,7 @@ def step_groups_like_one_batch(grouped, reference, groups: list[range], chunk: t
 
 def train_config(init, out, **over):
     """A two-iteration built-in training of 8 envs from the policy folder ``init`` into ``out``."""
-    from vla_rl.rl.trainer import TrainConfig
+    from vla_rl.train.trainer import TrainConfig
 
     base = {"init": str(init), "env": {"num_envs": 8, "builtin": {"max_episode_steps": 16}},
             "rollout_chunks": 2, "execute": 8, "iterations": 2, "eval_every": 1, "eval_episodes": 8,

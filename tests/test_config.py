@@ -75,7 +75,7 @@ def test_every_shipped_preset_loads_and_its_model_builds():
 
     from vla_rl.config import load_preset, policy_preset
     from vla_rl.policies.model import FlowPolicy
-    from vla_rl.rl.trainer import TrainConfig
+    from vla_rl.train.trainer import TrainConfig
 
     root = Path(__file__).resolve().parent.parent / "configs"
     experiments = sorted(p.stem for p in (root / "experiment").glob("*.yaml"))

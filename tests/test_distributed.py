@@ -17,7 +17,7 @@ from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.rollout import collect_rollout
-from vla_rl.rl.trainer import TrainConfig, resumed_config
+from vla_rl.train.trainer import TrainConfig, resumed_config
 
 SMALL = {"depth": 1, "vision": {"depth": 1}, "prefix": {"width": 32, "mlp_dim": 64},
          "expert": {"width": 32, "mlp_dim": 64}, "value_hidden": 32}

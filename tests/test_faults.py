@@ -124,7 +124,7 @@ def test_a_value_outside_the_range_is_refused_naming_field_value_and_range(cls, 
 
 
 def test_range_errors_carry_the_key_path_of_nested_configs():
-    from vla_rl.rl.trainer import TrainConfig
+    from vla_rl.train.trainer import TrainConfig
 
     for over, want in [({"ppo": {"clip": -0.1}}, "ppo.clip = -0.1 is outside its valid range (0, inf)"),
                        ({"ppo": {"gamma": 5.0}}, "ppo.gamma = 5.0 is outside its valid range [0, 1]"),
@@ -181,7 +181,7 @@ def overrides(init, out, iterations=2, **more) -> list[str]:
 
 def train_config(init, out, iterations=2, **more):
     from vla_rl.config import merge, parse_overrides
-    from vla_rl.rl.trainer import TrainConfig
+    from vla_rl.train.trainer import TrainConfig
 
     return from_dict(TrainConfig, merge({**parse_overrides(overrides(init, out, iterations)), "progress": False},
                                         more))
@@ -208,7 +208,7 @@ def one_error_line(capsys, kind: str) -> str:
 # 2. A reused output is refused (exit 2, before any work); --overwrite starts over
 # ----------------------------------------------------------------------------------------------------
 def test_train_into_a_run_folder_is_refused_and_overwrite_starts_over(sft, tmp_path, capsys):
-    from vla_rl.rl.trainer import Trainer
+    from vla_rl.train.trainer import Trainer
 
     run = tmp_path / "run"
     assert cli_main(["train", "builtin_flow_noise", *overrides(sft, run, iterations=1), "--no-progress"]) == 0
@@ -332,7 +332,7 @@ def test_a_run_whose_updates_are_all_skipped_stops_with_an_error(sft, tmp_path, 
 # ----------------------------------------------------------------------------------------------------
 def test_resume_from_another_directory_without_the_init_folder_matches_the_uninterrupted_run(sft, tmp_path,
                                                                                             monkeypatch):
-    from vla_rl.rl.trainer import Trainer, resume_trainer
+    from vla_rl.train.trainer import Trainer, resume_trainer
 
     init = tmp_path / "init"
     shutil.copytree(sft, init)
@@ -408,7 +408,7 @@ def test_empty_dataset_and_missing_cuda_are_one_line_errors(tmp_path, capsys):
 
 def test_a_dead_env_worker_gives_advice_a_cli_user_can_follow(sft, tmp_path, monkeypatch, capsys):
     from vla_rl.envs.workers import WorkerError
-    from vla_rl.rl import trainer as trainer_mod
+    from vla_rl.train import trainer as trainer_mod
 
     def die(self):
         raise WorkerError(0, "maniskill-PickCube worker 0 (envs 0-7) died: killed by signal SIGKILL")
@@ -453,7 +453,7 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_is_one_line(sft, tmp_path
 @pytest.fixture(scope="module")
 def finished_run(sft, tmp_path_factory) -> Path:
     """A 2-iteration run with both checkpoints kept (copied by each test that damages it)."""
-    from vla_rl.rl.trainer import Trainer
+    from vla_rl.train.trainer import Trainer
 
     run = tmp_path_factory.mktemp("finished") / "run"
     with Trainer(train_config(sft, run, iterations=2), log=QUIET) as t:
@@ -472,7 +472,7 @@ def damaged(finished_run, tmp_path) -> Path:
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_and_says_so(finished_run, tmp_path, damage):
     from safetensors.torch import save_file
 
-    from vla_rl.rl.trainer import resume_trainer
+    from vla_rl.train.trainer import resume_trainer
 
     run = damaged(finished_run, tmp_path)
     newest = run / "checkpoints" / "iter_000002"
@@ -505,7 +505,7 @@ def test_with_no_intact_checkpoint_resume_is_a_one_line_error_naming_each(finish
 
 
 def test_a_torn_last_metrics_line_does_not_block_resume(finished_run, tmp_path):
-    from vla_rl.rl.trainer import resume_trainer
+    from vla_rl.train.trainer import resume_trainer
 
     run = damaged(finished_run, tmp_path)
     good = read_jsonl(run / "metrics.jsonl")
@@ -523,7 +523,7 @@ def test_a_torn_last_metrics_line_does_not_block_resume(finished_run, tmp_path):
 
 
 def test_leftovers_of_an_interrupted_save_are_tidied_on_resume(finished_run, tmp_path):
-    from vla_rl.rl.trainer import resume_trainer
+    from vla_rl.train.trainer import resume_trainer
 
     run = damaged(finished_run, tmp_path)
     ckpts = run / "checkpoints"
@@ -710,7 +710,7 @@ def test_a_worker_killed_mid_rollout_drops_its_partial_episodes_from_the_update(
 def test_training_survives_a_worker_killed_mid_run(sft, tmp_path, monkeypatch):
     """The trainer on worker envs (the built-in task in worker processes stands in for ManiSkill / LIBERO,
     built by make_env with env.restart_dead_workers) loses a worker during iteration 2 and carries on."""
-    import vla_rl.rl.trainer as trainer_mod
+    import vla_rl.train.trainer as trainer_mod
 
     def make_env(cfg, *, num_envs, device, seed, log=None):
         env = worker_pool(num_envs=num_envs, per_worker=4, restarts=cfg.restart_dead_workers, log=log)

@@ -15,7 +15,7 @@ from vla_rl.envs.builtin import ColorReachEnv
 from vla_rl.policies import flow
 from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.rl.rollout import collect_rollout
-from vla_rl.rl.trainer import Trainer, resume_trainer
+from vla_rl.train.trainer import Trainer, resume_trainer
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

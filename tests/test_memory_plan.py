@@ -1,4 +1,4 @@
-"""The memory plan (vla_rl/rl/memory_plan.py): its exact parts equal the bytes of the real run's tensors (weights,
+"""The memory plan (vla_rl/train/memory_plan.py): its exact parts equal the bytes of the real run's tensors (weights,
 gradients and optimizer state after an update, for each training option; a rollout's buffers); its simulated
 activations come within a stated band of peaks measured on the CPU; a config that cannot fit is refused with
 settings that would fit; ``vla-rl train --plan``."""
@@ -22,7 +22,9 @@ from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.policies.recompute import activation_checkpointing
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.losses import aggregate_log_prob
-from vla_rl.rl.memory_plan import (
+from vla_rl.rl.optim import state_nbytes
+from vla_rl.rl.rollout import collect_rollout
+from vla_rl.train.memory_plan import (
     GIB,
     RESERVE,
     check_plan,
@@ -32,9 +34,7 @@ from vla_rl.rl.memory_plan import (
     simulated_activations,
     static_bytes,
 )
-from vla_rl.rl.optim import state_nbytes
-from vla_rl.rl.rollout import collect_rollout
-from vla_rl.rl.trainer import TrainConfig
+from vla_rl.train.trainer import TrainConfig
 
 SMALL = {"depth": 2, "vision": {"depth": 1}, "prefix": {"width": 32, "mlp_dim": 64},
          "expert": {"width": 32, "mlp_dim": 64}, "value_hidden": 32}

@@ -145,7 +145,7 @@ def test_a_lean_run_resumes_exactly(sft_checkpoint, tmp_path):
     masters, and a resumed run repeats the uninterrupted one."""
     from helpers import train_config
 
-    from vla_rl.rl.trainer import Trainer, resume_trainer
+    from vla_rl.train.trainer import Trainer, resume_trainer
 
     ppo = {"param_dtype": "bf16", "optimizer_state_dtype": "bf16", "update_epochs": 1, "minibatches": 2}
     quiet = lambda *_: None  # noqa: E731

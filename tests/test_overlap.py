@@ -18,7 +18,7 @@ from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.rl.rollout import collect_rollout
-from vla_rl.rl.trainer import TrainConfig, Trainer, resume_trainer
+from vla_rl.train.trainer import TrainConfig, Trainer, resume_trainer
 
 SHORT = ColorReachConfig(max_episode_steps=6)
 FACTORY = functools.partial(ColorReachSingleEnv, SHORT)
@@ -165,7 +165,7 @@ def _strip_time(history):
 
 
 def test_training_with_rollout_groups_is_deterministic_and_resumes_exactly(sft, tmp_path, monkeypatch):
-    import vla_rl.rl.trainer as trainer_mod
+    import vla_rl.train.trainer as trainer_mod
 
     monkeypatch.setattr(trainer_mod, "make_env", lambda cfg, *, num_envs, device, seed, log=None:
                         InProcessPool(single_env_factory(cfg)[0], num_envs, seed=seed, envs_per_worker=2))

@@ -14,7 +14,7 @@ from vla_rl.config import ConfigError, policy_preset, to_dict
 from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.rl.trainer import Trainer, resume_trainer
+from vla_rl.train.trainer import Trainer, resume_trainer
 
 
 def strip_time(history):
@@ -333,7 +333,7 @@ def test_rollout_seeds_are_disjoint_across_iterations_and_away_from_demo_and_eva
     # Worker envs give env i the seed rollout_seed + i. A seed of seed * 1_000_003 + iteration would make
     # iteration it use it .. it + 15 on 16 envs: 100 iterations would see 115 initial states, the demos' own.
     from vla_rl.eval.evaluate import EvalConfig
-    from vla_rl.rl.trainer import rollout_seed
+    from vla_rl.train.trainer import rollout_seed
 
     for seed in (0, 3):
         blocks = [set(range(rollout_seed(seed, it, 16), rollout_seed(seed, it, 16) + 16)) for it in range(200)]
@@ -479,7 +479,7 @@ def test_best_checkpoint_is_the_best_evaluation_and_survives_resume(sft_checkpoi
 
 
 def test_eval_method_train_evaluates_with_the_rollout_sampler(sft_checkpoint, tmp_path, monkeypatch):
-    import vla_rl.rl.trainer as tr
+    import vla_rl.train.trainer as tr
 
     seen, real = [], tr.evaluate
     monkeypatch.setattr(tr, "evaluate", lambda *a, **k: seen.append(k["sampler"]) or real(*a, **k))

@@ -23,7 +23,7 @@ USER_ERRORS = [
     ("vla_rl.data.maniskill_demos", "ManiSkillDemoError", "dataset"),
     ("vla_rl.data.lerobot_video", "VideoError", "dataset"),
     ("vla_rl.eval.paired", "EpisodeFileError", "input"),
-    ("vla_rl.rl.trainer", "TrainingError", "training"),
+    ("vla_rl.train.trainer", "TrainingError", "training"),
     ("vla_rl.envs.worker_pool", "WorkerError", "env"),
     ("vla_rl.envs.libero", "LiberoNotInstalled", "env"),
     ("vla_rl.envs.maniskill", "ManiSkillUnavailable", "env"),
@@ -61,7 +61,7 @@ def _demo(args) -> int:
 
 
 def _train(args) -> int:
-    from vla_rl.rl.trainer import TrainConfig, Trainer, resume_trainer
+    from vla_rl.train.trainer import TrainConfig, Trainer, resume_trainer
 
     overrides = parse_overrides(args.overrides)
     if args.no_progress:
@@ -72,7 +72,7 @@ def _train(args) -> int:
                               "keeps its own config (change settings with key=value overrides)")
         if args.plan:
             from vla_rl.checkpoint.training import latest_checkpoint
-            from vla_rl.rl.trainer import resumed_config
+            from vla_rl.train.trainer import resumed_config
 
             saved = read_yaml(latest_checkpoint(args.resume) / "train_config.yaml")
             return _plan(from_dict(TrainConfig, resumed_config(saved, overrides)), args.gpu_memory)
@@ -102,7 +102,7 @@ def _plan(cfg, gpu_memory: float | None) -> int:
     import torch
 
     from vla_rl.config import resolve_device
-    from vla_rl.rl.memory_plan import GIB, check_plan, device_memory
+    from vla_rl.train.memory_plan import GIB, check_plan, device_memory
 
     # planning for a GPU this machine does not have: --gpu-memory with device=cuda plans without one
     device = torch.device(cfg.device) if gpu_memory is not None else resolve_device(cfg.device)

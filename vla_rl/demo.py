@@ -61,7 +61,7 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, overwrite: bool = False)
 
 def _run_demo(cfg: DemoConfig, *, progress: bool, overwrite: bool) -> dict:
     from vla_rl.outputs import check_output, clear_output
-    from vla_rl.rl.trainer import TrainConfig, Trainer
+    from vla_rl.train.trainer import TrainConfig, Trainer
 
     check_output(cfg.out, overwrite=overwrite, what="demo folder")
     if overwrite:

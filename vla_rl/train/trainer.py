@@ -52,10 +52,10 @@ from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.progress import progress
 from vla_rl.rl.learner import Learner, PPOConfig
-from vla_rl.rl.metrics_log import MetricsLog, summary_line
-from vla_rl.rl.preflight import recorded_limit, rollout_warnings
 from vla_rl.rl.rollout import collect_rollout, first_episode_mask, step_groups
 from vla_rl.threads import local_worker_processes, policy_threads, threads_note
+from vla_rl.train.metrics_log import MetricsLog, summary_line
+from vla_rl.train.preflight import recorded_limit, rollout_warnings
 
 
 class TrainingError(RuntimeError):
@@ -104,7 +104,7 @@ class TrainConfig:
     # the same loop, and (env_actors 0) the same numbers as "local".
     runtime: Literal["local", "ray"] = "local"
     ray: RayConfig = field(default_factory=RayConfig)
-    # On CUDA (local runtime) the run first plans its memory per GPU (vla_rl/rl/memory_plan.py) and stops before
+    # On CUDA (local runtime) the run first plans its memory per GPU (vla_rl/train/memory_plan.py) and stops before
     # starting anything if it cannot fit, naming settings that would; false skips the check.
     memory_plan: bool = True
 
@@ -197,7 +197,7 @@ class Trainer:
 
     def _build(self, cfg: TrainConfig) -> None:
         if cfg.memory_plan and self.device.type == "cuda" and cfg.runtime == "local":
-            from vla_rl.rl.memory_plan import check_plan, device_memory
+            from vla_rl.train.memory_plan import check_plan, device_memory
 
             free, name = device_memory(self.device)
             check_plan(cfg, device_bytes=free, device_name=name, log=self.log)
