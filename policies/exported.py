@@ -39,7 +39,8 @@ from .inference import CompileMode, Denoiser, cast_weights
 from .layers import resize_with_pad
 from .model import FlowPolicy
 from .normalize import NormStats, actions_from_model, state_to_model
-from .schema import SchemaError, build, to_plain
+from .ranges import ConfigError
+from .schema import from_dict, to_dict
 from .tokenizer import SentencePieceTokenizer, TokenizerError
 
 EXPORT_FORMAT = "vla-rl-export/1"
@@ -326,7 +327,7 @@ class ExportedPolicy:
 
     def metadata(self) -> dict:
         """What a client is told about the policy (the server sends it on connect)."""
-        return {"format": EXPORT_FORMAT, **to_plain(self.spec), "weight_dtype": self.weight_dtype,
+        return {"format": EXPORT_FORMAT, **to_dict(self.spec), "weight_dtype": self.weight_dtype,
                 "compute_dtype": self.compute_dtype, "observation_keys": self.observation_keys()}
 
     def parse(self, obs: Any) -> Batch:
@@ -429,18 +430,18 @@ def read_export_config(path: str | Path) -> tuple[PolicyConfig, NormStats, Expor
     if dtype not in WEIGHT_DTYPES:
         raise ExportError(f"{path}/config.json: dtype {dtype!r} is not one of {list(WEIGHT_DTYPES)}")
     try:
-        cfg = build(PolicyConfig, config.get("policy"), prefix="policy")
-        spec = build(ExportSpec, _read_json(path / "spec.json"), prefix="spec")
+        cfg = from_dict(PolicyConfig, config.get("policy"), prefix="policy")
+        spec = from_dict(ExportSpec, _read_json(path / "spec.json"), prefix="spec")
         normalization = config.get("normalization")
         if not isinstance(normalization, dict) or set(normalization) != {"mode", "hidden_state_dims"}:
-            raise SchemaError("normalization must hold exactly 'mode' and 'hidden_state_dims'")
+            raise ConfigError("normalization must hold exactly 'mode' and 'hidden_state_dims'")
         mode, hidden = normalization["mode"], normalization["hidden_state_dims"]
         if mode not in ("mean_std", "quantile"):
-            raise SchemaError(f"normalization.mode {mode!r} is not 'mean_std' or 'quantile'")
+            raise ConfigError(f"normalization.mode {mode!r} is not 'mean_std' or 'quantile'")
         if not isinstance(hidden, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in hidden):
-            raise SchemaError(f"normalization.hidden_state_dims must be a list of ints, got {hidden!r}")
+            raise ConfigError(f"normalization.hidden_state_dims must be a list of ints, got {hidden!r}")
         norm = NormStats.from_tensors(_read_tensors(path / "norm_stats.safetensors"), mode, tuple(hidden))
-    except (SchemaError, ValueError) as e:
+    except (ConfigError, ValueError) as e:
         raise ExportError(f"{path}: {e}") from None
     check_consistency(cfg, spec, norm)
     return cfg, norm, spec, dtype

@@ -286,7 +286,7 @@ def test_overrides_and_bad_overrides(source, tmp_path):
     p = load_exported(out)
     assert (p.spec.execute, p.spec.num_steps, p.spec.cameras[0].name, p.spec.action_low) == (2, 7, "top", -0.5)
     assert (p.infer({**observation(0, key="top")}) >= -0.5).all()
-    for bad, message in [({"execute": 9}, "execute must be in"), ({"bogus": 1}, "unknown key"),
+    for bad, message in [({"execute": 9}, "execute must be in"), ({"bogus": 1}, "unknown config key"),
                          ({"num_steps": "ten"}, "expected an integer"), ({"action_low": 2.0}, "action_low <"),
                          ({"cameras": []}, "takes 1"), ({"state_names": ["x"]}, "state_names has 1")]:
         with pytest.raises(ConfigError, match=message):

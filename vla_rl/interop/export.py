@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 
 from vla_rl.checkpoint.folders import FORMAT_VERSION, CheckpointError, atomic_folder, read_tensors, read_yaml_file
 from vla_rl.checkpoint.policy import adapter_scaling
-from vla_rl.config import ConfigError, merge
+from vla_rl.config import ConfigError, from_dict, merge, to_dict
 from vla_rl.policies import lora
 from vla_rl.policies.config import PolicyConfig
 from vla_rl.policies.exported import (
@@ -36,7 +36,6 @@ from vla_rl.policies.exported import (
 )
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats
-from vla_rl.policies.schema import SchemaError, build, to_plain
 
 DEFAULT_NUM_STEPS = 10   # π0's K, for a source that does not record its own
 
@@ -91,7 +90,6 @@ def describe_env(env: dict, *, state_dim: int, action_dim: int, num_cameras: int
                 "cameras": _generic_cameras(num_cameras, image_size, camera_names),
                 "notes": "The source did not record its robot: actions are not clipped; set names, units and bounds "
                          "with key=value overrides at export."}
-    from vla_rl.config import from_dict, to_dict
     from vla_rl.env_factory import EnvConfig
 
     task = from_dict(EnvConfig, env, prefix="env").task
@@ -228,22 +226,22 @@ def export_policy(src: str | Path, out: str | Path, *, dtype: str = "bf16", over
     if config.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{folder}: unsupported checkpoint format_version {config.get('format_version')!r}")
     try:
-        cfg = build(PolicyConfig, config.get("policy", {}), prefix="policy")
+        cfg = from_dict(PolicyConfig, config.get("policy", {}), prefix="policy")
         normalization = config["normalization"]
         mode, hidden = normalization["mode"], list(normalization.get("hidden_state_dims") or [])
         norm = NormStats.from_tensors(read_tensors(folder / "norm_stats.safetensors"), mode, tuple(hidden))
-    except (SchemaError, KeyError, TypeError, ValueError) as e:
+    except (ConfigError, KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{folder}/config.yaml: {e}") from None
     try:
-        spec = build(ExportSpec, merge(spec_defaults(folder, cfg, norm, config), overrides or {}), prefix="spec")
+        spec = from_dict(ExportSpec, merge(spec_defaults(folder, cfg, norm, config), overrides or {}), prefix="spec")
         check_consistency(cfg, spec, norm)
-    except (SchemaError, ExportError) as e:
+    except (ConfigError, ExportError) as e:
         raise ConfigError(str(e)) from None
     adapters = None
     if config.get("lora") is not None:   # a LoRA run's checkpoint: the adapters are merged into the export
         adapters = (read_tensors(folder / "adapters.safetensors"), adapter_scaling(folder, config))
     weights = _read_weights(folder / "model.safetensors", cfg, dtype, adapters)
-    policy = to_plain(cfg)
+    policy = to_dict(cfg)
     files = tokenizer_files(folder, config.get("policy", {}))
     out = Path(out)
     if out.resolve() == folder.resolve() or folder.resolve() in out.resolve().parents:
@@ -254,7 +252,7 @@ def export_policy(src: str | Path, out: str | Path, *, dtype: str = "bf16", over
         (tmp / "config.json").write_text(json.dumps(
             {"format": EXPORT_FORMAT, "dtype": dtype, "policy": policy,
              "normalization": {"mode": norm.mode, "hidden_state_dims": list(norm.hidden_state)}}, indent=1))
-        (tmp / "spec.json").write_text(json.dumps(to_plain(spec), indent=1))
+        (tmp / "spec.json").write_text(json.dumps(to_dict(spec), indent=1))
         for name in files:
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(folder / name, tmp / name)
