@@ -11,6 +11,9 @@ The single-env protocol (what a ``factory()`` must return)::
     step(action: float32 [A]) -> (obs, reward: float, terminated: bool, truncated: bool, success: bool)
     render_frame() -> uint8 [H, W, 3]              # also of an ended episode's last state, before its reset
     close() -> None
+    forget_history() -> None                        # optional: the next reset starts as a newly built env
+                                                    # would (simulators whose physics carries state across
+                                                    # episodes); without it, an env has no such state
 
 Glossary: N envs, H actions per chunk, A action dims, C cameras, S image size, D state dims.
 """
@@ -94,6 +97,12 @@ class EnvGroup:
     def reset(self, seeds: list[int | None]) -> list[dict]:
         """Reset env ``j`` with ``seeds[j]``; returns their observations."""
         return [env.reset(s) for env, s in zip(self.envs, seeds)]
+
+    def forget_history(self) -> None:
+        """Make each env's next reset start as in a newly built env (see the single-env protocol)."""
+        for env in self.envs:
+            if hasattr(env, "forget_history"):
+                env.forget_history()
 
     def step(self, actions: np.ndarray) -> list[tuple[ChunkReply, dict, dict | None]]:
         """Run env ``j`` through the chunk ``actions[j]`` ``[H, A]``, stopping where its episode ends (the next

@@ -50,6 +50,9 @@ class EnvActor:
     def final_frames(self, local):
         self.group.set_final_frames(local)
 
+    def forget_history(self, _=None):
+        self.group.forget_history()
+
     def close(self) -> None:
         self.group.close()
 

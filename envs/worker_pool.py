@@ -322,6 +322,14 @@ class WorkerPool:
         self._call({w: ("final_frames", [i for i in indices if self._worker_of[i] == w])
                     for w in range(self.num_workers)})
 
+    def forget_history(self) -> None:
+        """Make every env's next reset start as a newly built env's would: simulators whose physics carries
+        state from one episode to the next (ManiSkill's PhysX scene) rebuild it. Workers restarted later start
+        new anyway. Why: a run resumed from a checkpoint has new workers; the trainer calls this where a run
+        can resume (:meth:`vla_rl.train.trainer.Trainer.run`), so an uninterrupted run takes the same steps."""
+        self._check_idle("forget the envs' history")
+        self._call({w: ("forget_history", None) for w in range(self.num_workers)})
+
     def render_frames(self, indices: list[int] | None = None) -> list[np.ndarray]:
         """One RGB frame ``[H, W, 3]`` per requested env (for videos), in the order asked."""
         self._check_idle("render")

@@ -128,6 +128,9 @@ def _worker(first: int, count: int, factory: Callable, conn, quiet: bool = False
             elif cmd == "final_frames":   # arg: the env indices whose ended episodes are rendered
                 group.set_final_frames([i - first for i in arg])
                 conn.send(("ok", None))
+            elif cmd == "forget_history":
+                group.forget_history()
+                conn.send(("ok", None))
             elif cmd == "close":
                 group.close()
                 conn.send(("ok", None))

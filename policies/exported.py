@@ -49,6 +49,9 @@ STATE_KEYS = ("state", "observation/state")
 PROMPT_KEYS = ("prompt", "instruction")
 SEED_KEY = "seed"
 MAX_PROMPT_CHARS = 4096
+# A normalised state value larger than this is refused: far beyond any robot's data (a few units at most), and far
+# below where float32 overflows inside the model (squares in RMSNorm pass 3e38 near 1e19).
+MAX_NORMALIZED_STATE = 1e12
 _RESERVED = {*STATE_KEYS, *PROMPT_KEYS, SEED_KEY, "images"}
 
 
@@ -331,7 +334,22 @@ class ExportedPolicy:
                 "compute_dtype": self.compute_dtype, "observation_keys": self.observation_keys()}
 
     def parse(self, obs: Any) -> Batch:
-        return parse_observation(obs, self.spec)
+        """:func:`parse_observation`, plus the check that the state stays in range once normalised."""
+        batch = parse_observation(obs, self.spec)
+        self._check_normalized_state(batch.state)
+        return batch
+
+    def _check_normalized_state(self, state: np.ndarray) -> None:
+        """Raise :class:`ObservationError` naming the first state value that normalises to more than
+        :data:`MAX_NORMALIZED_STATE` in size (or to inf): a finite but huge value (1e38) would otherwise overflow
+        inside the model and come out as NaN actions."""
+        z = self.norm.normalize_state(torch.from_numpy(np.ascontiguousarray(state, np.float32))).numpy()
+        bad = ~(np.abs(z) <= MAX_NORMALIZED_STATE)
+        if bad.any():
+            n, j = (int(i) for i in np.argwhere(bad)[0])
+            where = f"state[{n}, {j}]" if state.shape[0] > 1 else f"state[{j}]"
+            raise ObservationError(f"{where} = {float(state[n, j]):.6g} is {abs(float(z[n, j])):.3g} normalised "
+                                   f"units from the training data (at most {MAX_NORMALIZED_STATE:g}); check its units")
 
     @torch.inference_mode()
     def run(self, batch: Batch) -> np.ndarray:
@@ -358,6 +376,9 @@ class ExportedPolicy:
         else:
             actions = actions_from_model(self.norm, x, self.spec.action_dim, low, high)
         out = actions.cpu().numpy().astype(np.float32)
+        if not np.isfinite(out).all():   # the weights are finite (checked at load): the input drove it there
+            raise ObservationError("the policy's actions are not finite for this observation (its state or images "
+                                   "are far outside what it was trained on)")
         return out if batch.batched else out[0]
 
     def infer(self, obs: Any, *, seed: int | None = None) -> np.ndarray:
@@ -440,7 +461,11 @@ def read_export_config(path: str | Path) -> tuple[PolicyConfig, NormStats, Expor
             raise ConfigError(f"normalization.mode {mode!r} is not 'mean_std' or 'quantile'")
         if not isinstance(hidden, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in hidden):
             raise ConfigError(f"normalization.hidden_state_dims must be a list of ints, got {hidden!r}")
-        norm = NormStats.from_tensors(_read_tensors(path / "norm_stats.safetensors"), mode, tuple(hidden))
+        stats = _read_tensors(path / "norm_stats.safetensors")
+        bad = sorted(k for k, v in stats.items() if v.is_floating_point() and not bool(torch.isfinite(v).all()))
+        if bad:
+            raise ExportError(f"{path}/norm_stats.safetensors: {bad[0]} contains NaN or inf")
+        norm = NormStats.from_tensors(stats, mode, tuple(hidden))
     except (ConfigError, ValueError) as e:
         raise ExportError(f"{path}: {e}") from None
     check_consistency(cfg, spec, norm)

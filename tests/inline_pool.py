@@ -30,6 +30,8 @@ class InProcessPool(WorkerPool):
                 out[w] = land_step(self.arrays, first, group.step(arg))
             elif cmd == "final_frames":
                 out[w] = group.set_final_frames([i - first for i in arg])
+            elif cmd == "forget_history":
+                out[w] = group.forget_history()
             else:
                 out[w] = group.render([i - first for i in arg])
         return out, {}

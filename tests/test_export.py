@@ -20,6 +20,7 @@ from vla_rl.checkpoint.folders import CheckpointError
 from vla_rl.cli import main
 from vla_rl.config import ConfigError, policy_preset
 from vla_rl.interop.export import export_nbytes, export_policy, resolve_source
+from vla_rl.outputs import OutputIsInputError
 from vla_rl.policies import ExportError, ObservationError, load_exported
 from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.normalize import NormStats, Stats, actions_from_model, actions_to_model, state_to_model
@@ -311,7 +312,7 @@ def test_corrupt_sources_fail_and_keep_the_previous_export(source, tmp_path):
     broken, model, norm = policy_folder(tmp_path / "broken")
     (broken / "model.safetensors").write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match="corrupt safetensors"):
-        export_policy(broken, out, dtype="fp32")
+        export_policy(broken, out, dtype="fp32", overwrite=True)
     with torch.no_grad():
         model.action_in.weight[0, 0] = float("nan")
     # save_policy refuses non-finite weights, so the damaged file is written by hand (a corrupted copy)
@@ -319,11 +320,11 @@ def test_corrupt_sources_fail_and_keep_the_previous_export(source, tmp_path):
 
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(broken / "model.safetensors"))
     with pytest.raises(CheckpointError, match="NaN"):
-        export_policy(broken, out, dtype="bf16")
+        export_policy(broken, out, dtype="bf16", overwrite=True)
     assert (out / "model.safetensors").read_bytes() == before   # the earlier export is untouched
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "out"]   # no temporary folder left
-    with pytest.raises(ConfigError, match="outside the source"):
-        export_policy(source[0], source[0] / "inside", dtype="fp32")
+    with pytest.raises(OutputIsInputError, match="lies inside the source"):
+        export_policy(source[0], source[0] / "inside", dtype="fp32", overwrite=True)
 
 
 def test_corrupt_exports_are_refused(exports, tmp_path):
@@ -361,6 +362,17 @@ def test_corrupt_exports_are_refused(exports, tmp_path):
         load_exported(d)
     with pytest.raises(ExportError, match="no exported policy folder"):
         load_exported(tmp_path / "missing")
+    from safetensors.torch import load_file, save_file
+
+    for name in ("model", "norm_stats"):   # a NaN where the server would load it: refused, naming the tensor
+        d = copy(f"nan_{name}")
+        tensors = load_file(str(d / f"{name}.safetensors"))
+        key = sorted(k for k, v in tensors.items() if v.is_floating_point())[0]
+        tensors[key] = tensors[key].clone().fill_(float("nan"))
+        save_file(tensors, str(d / f"{name}.safetensors"))
+        with pytest.raises(ExportError, match=f"{name}.safetensors: {key} contains NaN or inf"):
+            load_exported(d)
+        assert main(["serve", str(d), "--port", "0"]) == 2
 
 
 def test_cli_export(source, tmp_path, capsys):
@@ -370,3 +382,68 @@ def test_cli_export(source, tmp_path, capsys):
     assert main(["export", str(source[0]), str(tmp_path / "f"), "execute=99"]) == 2
     assert "execute must be in" in capsys.readouterr().err
     assert main(["export", str(tmp_path / "none"), str(tmp_path / "g")]) == 2
+
+
+def test_export_of_the_demo_policy_describes_its_robot_and_sampler(tmp_path):
+    """`vla-rl demo` saves its SFT policy with the demo's settings: the export knows the built-in task (control
+    mode, camera, bounds, names) and the demo's K and execute, and spec.json holds no absolute path."""
+    from vla_rl.config import to_dict
+    from vla_rl.demo import DemoConfig
+
+    demo = DemoConfig(num_steps=4, execute=6)
+    meta = {"env": {"name": "builtin/color_reach", "state_dim": 4, "action_dim": 2}, "demo": to_dict(demo)}
+    src, _, _ = policy_folder(tmp_path / "demo" / "sft", meta=meta)
+    out = export_policy(src, tmp_path / "robot", dtype="fp32")
+    spec = json.loads((out / "spec.json").read_text())
+    assert (spec["num_steps"], spec["execute"]) == (4, 6)
+    assert spec["control_mode"] == f"builtin:{demo.env.control}"
+    assert spec["action_names"] == (["dx", "dy"] if demo.env.control == "delta" else ["target_x", "target_y"])
+    assert (spec["action_low"], spec["action_high"]) == (-1.0, 1.0) and spec["state_names"][0] == "agent_x"
+    assert [c["name"] for c in spec["cameras"]] == ["image"] and spec["source"]["unknown"] == []
+    text = (out / "spec.json").read_text() + (out / "README.md").read_text() + (out / "config.json").read_text()
+    assert str(tmp_path) not in text and not Path(spec["source"]["checkpoint"]).is_absolute()
+    assert (out / spec["source"]["checkpoint"]).resolve() == src.resolve()
+
+
+def test_cli_export_says_in_one_line_what_the_source_does_not_record(tmp_path, capsys):
+    src, _, _ = policy_folder(tmp_path / "src", meta={})
+    assert main(["export", str(src), str(tmp_path / "a"), "--dtype", "fp32"]) == 0
+    notes = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("note:")]
+    assert len(notes) == 1 and "does not record its robot" in notes[0] and "K=10" in notes[0], notes
+    assert json.loads((tmp_path / "a" / "spec.json").read_text())["source"]["unknown"][0] == "control_mode"
+    assert main(["export", str(src), str(tmp_path / "b"), "--dtype", "fp32", "num_steps=5"]) == 0
+    notes = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("note:")]
+    assert len(notes) == 1 and "K=10" not in notes[0]    # K was given
+    src, _, _ = policy_folder(tmp_path / "known")       # BUILTIN_META: the env and the sampler are recorded
+    assert main(["export", str(src), str(tmp_path / "c"), "--dtype", "fp32"]) == 0
+    assert "note:" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("error", ["oserror", "safetensors"])
+def test_a_full_disk_during_export_is_a_file_error_and_writes_nothing(source, tmp_path, monkeypatch, capsys, error):
+    import errno
+
+    from safetensors import SafetensorError
+
+    import vla_rl.interop.export as export_mod
+
+    out = export_policy(source[0], tmp_path / "out", dtype="fp32")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real = export_mod.save_file
+
+    def full(tensors, path, *a, **k):
+        if path.endswith("norm_stats.safetensors"):   # the second file: the disk fills up
+            raise (OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) if error == "oserror" else
+                   SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: '
+                                   '"No space left on device" })'))
+        return real(tensors, path, *a, **k)
+
+    monkeypatch.setattr(export_mod, "save_file", full)
+    assert main(["export", str(source[0]), str(out), "--dtype", "fp32", "--overwrite"]) == 2
+    assert main(["export", str(source[0]), str(tmp_path / "new"), "--dtype", "fp32"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and all(e.startswith("vla-rl: file error: could not write") for e in err), err
+    assert "No space left on device" in err[0] and "previous version is intact" in err[0]
+    assert "nothing was written" in err[1]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]   # no temporary folder, no half export

@@ -414,10 +414,55 @@ def test_a_dead_env_worker_gives_advice_a_cli_user_can_follow(sft, tmp_path, mon
         raise WorkerError(0, "maniskill-PickCube worker 0 (envs 0-7) died: killed by signal SIGKILL")
 
     monkeypatch.setattr(trainer_mod.Trainer, "run", die)
-    assert cli_main(["train", "builtin_flow_noise", *overrides(sft, tmp_path / "run")]) == 2
+    run = tmp_path / "run"
+    assert cli_main(["train", "builtin_flow_noise", *overrides(sft, run)]) == 2
     line = one_error_line(capsys, "env")
-    assert "killed by signal SIGKILL" in line and "env.restart_dead_workers=" in line and "--resume" in line
-    assert "restart(" not in line
+    assert "killed by signal SIGKILL" in line and "env.restart_dead_workers=" in line
+    assert f"--resume {run} " in line and "RUN_DIR" not in line and "restart(" not in line
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_advice_after_a_stop_names_the_run_folder(sft, tmp_path, monkeypatch, capsys, resume):
+    """Ctrl-C and a training error tell the user how to continue with the run's own folder, not `RUN_DIR`."""
+    from vla_rl.rl import trainer as trainer_mod
+
+    run = tmp_path / "run"
+    assert cli_main(["train", "builtin_flow_noise", *overrides(sft, run, iterations=1)]) == 0
+    argv = ["train", "--resume", str(run), "iterations=2"] if resume else \
+        ["train", "builtin_flow_noise", *overrides(sft, tmp_path / "fresh")]
+    where = run if resume else tmp_path / "fresh"
+    capsys.readouterr()
+    for stop, code, kind in ((KeyboardInterrupt(), 130, None), (trainer_mod.TrainingError("weights went NaN"), 2,
+                                                                 "training")):
+        def run_(self, stop=stop):
+            raise stop
+
+        monkeypatch.setattr(trainer_mod.Trainer, "run", run_)
+        assert cli_main(argv) == code
+        err = capsys.readouterr().err
+        assert f"vla-rl train --resume {where}" in err and "RUN_DIR" not in err, err
+        assert (kind is None and "interrupted" in err) or err.startswith(f"vla-rl: {kind} error: ")
+        shutil.rmtree(tmp_path / "fresh", ignore_errors=True)
+
+
+def test_resume_refuses_overrides_that_cannot_apply_and_records_none(finished_run, tmp_path, capsys):
+    """init=, model= and out= cannot change a resumed run (its policy is the checkpoint's, its folder its own),
+    and --overwrite cannot start over what --resume continues: each is a config error, and the run's config.yaml
+    is left as it was."""
+    from vla_rl.train.trainer import resume_trainer
+
+    run = damaged(finished_run, tmp_path)
+    before = (run / "config.yaml").read_text()
+    for extra, says in ((["init=runs/other_sft"], "init=runs/other_sft cannot apply to a resumed run"),
+                        (["model=small"], "model=small cannot apply"), ([f"out={tmp_path / 'x'}"], "cannot apply"),
+                        (["--overwrite"], "--overwrite starts a run over")):
+        assert cli_main(["train", "--resume", str(run), "iterations=3", *extra]) == 2, extra
+        assert says in one_error_line(capsys, "config")
+        assert (run / "config.yaml").read_text() == before
+    import yaml
+
+    with resume_trainer(run, overrides={"out": str(run), "iterations": 3}, log=QUIET) as trainer:   # its own
+        assert trainer.cfg.out == yaml.safe_load(before)["out"]
 
 
 def test_a_full_disk_keeps_the_previous_checkpoint_and_is_one_line(sft, tmp_path, monkeypatch, capsys):
@@ -468,7 +513,8 @@ def damaged(finished_run, tmp_path) -> Path:
 
 
 @pytest.mark.parametrize("damage", ["trainer_state_junk", "trainer_state_no_iteration", "rng_wrong_dtype",
-                                    "optimizer_bad_key", "model_truncated", "file_missing"])
+                                    "optimizer_bad_key", "model_truncated", "file_missing", "model_nan",
+                                    "optimizer_inf"])
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_and_says_so(finished_run, tmp_path, damage):
     from safetensors.torch import save_file
 
@@ -487,12 +533,49 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_and_says_so(
     elif damage == "model_truncated":
         data = (newest / "model.safetensors").read_bytes()
         (newest / "model.safetensors").write_bytes(data[: len(data) // 2])
+    elif damage in ("model_nan", "optimizer_inf"):   # whole files, finite everywhere but one value
+        name = "model" if damage == "model_nan" else "optimizer"
+        poison(newest / f"{name}.safetensors", float("nan") if damage == "model_nan" else float("inf"))
     else:
         (newest / "norm_stats.safetensors").unlink()
     said = []
     with resume_trainer(run, log=said.append) as trainer:
         assert trainer.iteration == 1
     assert any("iter_000002 is unusable" in s for s in said) and any("resuming from" in s for s in said), said
+
+
+def poison(path: Path, value: float) -> str:
+    """Rewrite the safetensors file ``path`` with ``value`` (NaN or inf) in its first floating tensor; returns
+    that tensor's name."""
+    from safetensors.torch import save_file
+
+    tensors = read_tensors(path)
+    name = next(k for k, v in tensors.items() if v.is_floating_point())
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1)[0] = value
+    save_file(tensors, str(path))
+    return name
+
+
+def test_a_checkpoint_with_nan_weights_is_refused_at_every_load_naming_the_tensor(finished_run, tmp_path,
+                                                                                 capsys):
+    """eval, init= and export of a checkpoint holding a NaN: one `checkpoint error` naming the file and the
+    tensor, before any episode (not a NaN action chunk deep in the rollout)."""
+    ckpt = tmp_path / "nan"
+    shutil.copytree(finished_run / "checkpoints" / "iter_000002", ckpt)
+    name = poison(ckpt / "model.safetensors", float("nan"))
+    for argv in (["eval", str(ckpt), "episodes=2", "num_envs=2"],
+                 ["train", "builtin_flow_noise", *overrides(ckpt, tmp_path / "run", iterations=1)],
+                 ["export", str(ckpt), str(tmp_path / "export")]):
+        assert cli_main(argv) == 2, argv
+        line = one_error_line(capsys, "checkpoint")
+        assert name in line and "NaN or inf" in line and "model.safetensors" in line, line
+    assert not (tmp_path / "export").exists()
+    norm = tmp_path / "nan_norm"
+    shutil.copytree(finished_run / "checkpoints" / "iter_000002", norm)
+    poison(norm / "norm_stats.safetensors", float("inf"))
+    assert cli_main(["eval", str(norm), "episodes=2", "num_envs=2"]) == 2
+    assert "norm_stats.safetensors" in one_error_line(capsys, "checkpoint")
 
 
 def test_with_no_intact_checkpoint_resume_is_a_one_line_error_naming_each(finished_run, tmp_path, capsys):
@@ -854,6 +937,39 @@ def worker_pids(pid: int) -> list[int]:
         if b"spawn_main" in cmdline:
             out.append(int(child))
     return out
+
+
+@pytest.mark.slow   # ManiSkill workers on CPU: ~2-4 min
+@needs_maniskill
+def test_a_resumed_maniskill_run_reproduces_the_uninterrupted_run(tmp_path):
+    """PushCube on 2 worker processes, episodes of 20 steps (many start inside a rollout), a checkpoint every 2
+    iterations: the run resumed at iteration 2 (new workers) gives every metric of the uninterrupted run, bit for
+    bit, as a second uninterrupted run does."""
+    from vla_rl.train.trainer import Trainer, resume_trainer
+
+    model = tmp_path / "state_policy.yaml"
+    model.write_text("num_cameras: 0\nstate_dim: 35\naction_dim: 7\ndepth: 1\n")
+    from vla_rl.train.trainer import TrainConfig
+
+    over = {"init": None, "model": str(model), "rollout_chunks": 4, "eval_every": 2, "eval_episodes": 2,
+            "save_every": 2, "keep_last": 5, "threads": 1, "tensorboard": False, "progress": False,
+            "env": {"kind": "maniskill", "num_envs": 2, "envs_per_worker": 1,
+                    "maniskill": {"task": "PushCube-v1", "max_episode_steps": 20}},
+            "ppo": {"update_epochs": 1, "minibatches": 2}}
+
+    def run(out, iterations=4):
+        with Trainer(from_dict(TrainConfig, {**over, "out": str(out), "iterations": iterations}), log=QUIET) as t:
+            return t.run()
+
+    full, again = run(tmp_path / "full"), run(tmp_path / "again")
+    run(tmp_path / "part", iterations=2)
+    with resume_trainer(tmp_path / "part", overrides={"iterations": 4}, log=QUIET) as resumed:
+        assert resumed.iteration == 2
+        history = resumed.run()
+    assert stripped(again) == stripped(full)
+    assert stripped(history) == stripped(full)
+    # every env's episode ended inside every rollout (20 of its 32 steps), and the next one began there
+    assert sum(h.get("rollout/episodes", 0) for h in full) >= 2 * 4
 
 
 @pytest.mark.slow   # ManiSkill workers on CPU: ~1-2 min

@@ -170,6 +170,61 @@ def test_same_seed_same_episode(pick):
     assert not np.array_equal(other, obs_a[0]["state"])
 
 
+@sim
+def test_unseeded_resets_follow_the_last_seeded_reset_whatever_came_before(pick):
+    """The episodes that start inside a rollout (reset(None)) are drawn from the last seeded reset, not from the
+    process's torch RNG (seeded at random in each new process, advanced by every earlier reset): a worker
+    started fresh for a resumed run draws the episodes the long-running worker drew."""
+    pick.reset(5)
+    first = [pick.reset(None)["state"].copy() for _ in range(3)]
+    pick.reset(11)
+    for a in np.random.default_rng(1).uniform(-1, 1, (20, 7)).astype(np.float32):
+        pick.step(a)
+    for _ in range(4):
+        pick.reset(None)
+    torch.manual_seed(1234)   # whatever the process's RNG holds
+    pick.reset(5)
+    again = [pick.reset(None)["state"].copy() for _ in range(3)]
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(first[0], first[1])
+
+
+def _push(env, seed: int, steps: int = 60) -> np.ndarray:
+    """States of a scripted push of PushCube's cube towards its goal (the gripper meets the cube ~step 26)."""
+    states = [env.reset(seed)["state"]]
+    base = env.env.unwrapped
+    for t in range(steps):
+        tcp, cube = base.agent.tcp.pose.p[0].numpy(), base.obj.pose.p[0].numpy()
+        d = base.goal_region.pose.p[0].numpy()[:2] - cube[:2]
+        d /= np.linalg.norm(d) + 1e-9
+        target = np.r_[cube[:2] + (-0.05 if t < 25 else 0.05) * d, 0.02]
+        a = np.zeros(7, np.float32)
+        a[:3] = np.clip((target - tcp) * 20, -1, 1)
+        a[6] = -1
+        states.append(env.step(a)[0]["state"])
+    return np.stack(states)
+
+
+@sim
+def test_after_forget_history_an_episode_does_not_depend_on_the_episodes_before():
+    """PhysX carries state across episodes: the same seed and actions give another trajectory once the gripper
+    touches the cube, depending on what the env did before. forget_history (what the trainer calls where a run
+    can resume) rebuilds the scene at the next reset, after which the episode is bit-identical to a new env's."""
+    env = ManiSkillSingleEnv(ManiSkillConfig(task="PushCube-v1", max_episode_steps=200))
+    try:
+        new = _push(env, 7)
+        again = _push(env, 7)                      # the same episode right after itself
+        assert np.abs(again - new).max() > 1e-3    # the history shows (1.4 cm here)
+        np.testing.assert_array_equal(again[:20], new[:20])   # before the contact it does not
+        for seed in (3, 11):
+            _push(env, seed, steps=40)
+        env.forget_history()
+        np.testing.assert_array_equal(_push(env, 7), new)
+    finally:
+        env.close()
+
+
 def _grasp_the_cube(pick):
     """Put PickCube's cube between the open fingers and close them: the episode ends holding it."""
     base = pick.env.unwrapped

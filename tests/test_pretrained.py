@@ -266,3 +266,47 @@ def test_imported_pi0_runs_sft_ppo_and_eval_on_maniskill_with_a_camera(sp_model,
         rows = [json.loads(x) for x in (Path(f"{run}_{method}") / "metrics.jsonl").read_text().splitlines()]
         assert np.isfinite(rows[-1]["losses/policy"])
     assert cli_main(["eval", f"{run}_sde", "episodes=1", "num_envs=1", "num_steps=2"]) == 0
+
+
+def test_the_import_hint_names_an_override_that_works(sp_model, tmp_path, capsys):
+    """The tiny fixture's SigLIP width has no known head count: the error suggests an override, and that very
+    spelling (not `policy.vision.num_heads`, which `vla-rl import` does not take) imports it."""
+    import re
+
+    out = tmp_path / "a"
+    assert cli_main(["import", "lerobot", str(FIXTURES / "pi0"), str(out), "--tokenizer", str(sp_model)]) == 2
+    err = capsys.readouterr().err
+    hint = re.search(r"`vla-rl import lerobot SRC OUT (\S+)=N`", err)
+    assert hint and "policy." not in hint.group(1), err
+    from vla_rl.config import parse_overrides
+
+    lr = json.loads((FIXTURES / "pi0" / "config.json").read_text())   # what `import` does with the override
+    shapes = lr_import.LazyWeights(FIXTURES / "pi0" / "model.safetensors").shapes
+    assert lr_import.infer_policy_config(lr, shapes, parse_overrides([f"{hint.group(1)}=2"])).vision.num_heads == 2
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("error", ["oserror", "safetensors"])
+def test_a_full_disk_during_import_is_a_file_error_and_writes_nothing(sp_model, tmp_path, monkeypatch, capsys,
+                                                                     error):
+    import errno
+    import os
+
+    from safetensors import SafetensorError
+
+    real = lr_import.save_file
+
+    def full(tensors, path, *a, **k):
+        if path.endswith("norm_stats.safetensors"):   # after the weights: the disk fills up
+            raise (OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) if error == "oserror" else
+                   SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "
+                                   '"No space left on device" })'))
+        return real(tensors, path, *a, **k)
+
+    monkeypatch.setattr(lr_import, "save_file", full)
+    out = tmp_path / "out"
+    assert cli_main(["import", "lerobot", str(FIXTURES / "pi0"), str(out), "--tokenizer", str(sp_model),
+                     "vision.num_heads=2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"vla-rl: file error: could not write {out}") and "No space left on device" in err, err
+    assert "nothing was written" in err and sorted(p.name for p in tmp_path.iterdir()) == []

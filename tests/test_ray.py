@@ -195,7 +195,7 @@ def test_a_lost_learner_stops_the_run_and_resume_continues_it(cluster, sft, loca
     with trainer, pytest.raises(TrainingError) as err:
         trainer.run()
     msg = str(err.value)
-    assert "learner 1 died during the update of iteration 1" in msg and "stopped after iteration 1" in msg
+    assert "learner 1 died during the update of iteration 2" in msg and "stopped after iteration 1" in msg
     assert "the newest checkpoint is" in msg and "iter_000001" in msg and "--resume" in msg
     with resume_trainer(tmp_path / "run", log=QUIET) as resumed:
         assert resumed.iteration == 1
@@ -329,3 +329,27 @@ def test_env_actors_step_in_groups_like_one_batch(cluster):
     finally:
         actors.close()
         procs.close()
+
+
+def test_a_learner_death_names_the_iteration_as_the_metrics_do(monkeypatch):
+    """The update of loop index 3 is iteration 4 in the metrics and messages (the run stopped after 3): the error
+    of a learner that dies during it says 4."""
+    import vla_rl.distributed.learners as learners
+
+    class Actor:
+        class update:
+            @staticmethod
+            def remote(*args):
+                return "ref"
+
+    class Learners:
+        def _live(self):
+            return [Actor()]
+
+        def _gather(self, refs, doing):
+            raise learners.LearnerError(f"learner 0 died during {doing}")
+
+    monkeypatch.setattr(learners, "rollout_to", lambda ro, device: ro, raising=False)
+    monkeypatch.setattr(ray, "put", lambda value: value)
+    with pytest.raises(learners.LearnerError, match="died during the update of iteration 4$"):
+        learners.RayLearners.update(Learners(), object(), iteration=3)

@@ -1,6 +1,7 @@
 """`vla-rl report`: reading metrics files, the run summary against hand-computed values, the figures."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -103,3 +104,40 @@ def test_step_tick_labels_never_overlap(tmp_path, monkeypatch):
                  "rollout/success_once": 0.5, "losses/approx_kl": 0.01} for i in range(1, 101)]
         plot_runs([Run("run", recs)], tmp_path / str(top))
     assert crowded == []
+
+
+def test_report_on_a_full_disk_keeps_the_previous_figures_whole(tmp_path, monkeypatch, capsys):
+    """A figure is written to a temporary file and renamed into place: a full disk half-way through a PNG leaves
+    the previous report's file whole and no stray temporary file (`file error`, exit 2). The report's own earlier
+    folder is rewritten without --overwrite; a folder of other files needs it."""
+    import errno
+    import os
+
+    from matplotlib.figure import Figure
+
+    a = _write_run(tmp_path / "a", [0.5, 0.95])
+    rep = tmp_path / "rep"
+    assert cli_main(["report", str(a), "--out", str(rep)]) == 0
+    before = {p.name: p.read_bytes() for p in rep.iterdir()}
+    real, calls = Figure.savefig, []
+
+    def savefig(self, fname, *args, **kw):
+        calls.append(fname)
+        if len(calls) == 2:   # the second figure: half a PNG, then the disk is full
+            Path(fname).write_bytes(before["success_vs_time.png"][:100])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(self, fname, *args, **kw)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    capsys.readouterr()
+    assert cli_main(["report", str(a), "--out", str(rep)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vla-rl: file error: ") and "No space left on device" in err, err
+    assert {p.name: p.read_bytes() for p in rep.iterdir() if p.name != "success_vs_steps.png"} == \
+        {k: v for k, v in before.items() if k != "success_vs_steps.png"}
+    assert (rep / "success_vs_steps.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    assert cli_main(["report", str(a), "--out", str(other)]) == 2
+    assert "--overwrite" in capsys.readouterr().err and (other / "notes.txt").read_text() == "mine"

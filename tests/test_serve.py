@@ -71,7 +71,8 @@ def policy(exported):
 
 @pytest.fixture(scope="module")
 def server(policy):
-    with ServerThread(policy, ServeConfig(port=0)) as s:
+    # openpi's client never closes its connection: the tests' clients stay connected, more than the default 8
+    with ServerThread(policy, ServeConfig(port=0, max_connections=32, max_memory_mb=2048)) as s:
         yield s
 
 
@@ -440,3 +441,64 @@ def test_a_clean_venv_with_only_the_serve_extra_serves_an_exported_policy(tmp_pa
         if proc.poll() is None:
             rest = stop_server(proc, lines)
     assert any("stopped after 1 requests" in x for x in rest), rest
+
+
+def test_a_huge_but_finite_state_is_an_invalid_request_naming_the_field(server, policy):
+    """1e38 is a finite float32, but normalised and squared inside the model it overflows: it is refused where
+    it leaves the range, naming the value, and the server goes on serving."""
+    from vla_rl.policies import ObservationError
+
+    huge = {**observation(0), "state": np.array([0.1, 1e38, 0.0, 0.2], np.float32)}
+    with pytest.raises(ObservationError, match=r"state\[1\] = 1e\+38 is .* normalised units"):
+        policy.infer(huge)
+    batch = {"image": np.stack([observation(0)["image"]] * 2), "prompt": "go",
+             "state": np.array([[0.0] * 4, [0.0, 0.0, -3e37, 0.0]], np.float32)}
+    with pytest.raises(ObservationError, match=r"state\[1, 2\] = -3e\+37"):
+        policy.infer(batch)
+    assert np.isfinite(policy.infer({**observation(0), "state": np.full(4, 1e3, np.float32)})).all()
+    with raw(server.port) as ws:
+        unpack(bounded(lambda: ws.recv(timeout=TIMEOUT)))
+        bounded(lambda: ws.send(pack(huge)))
+        reply = bounded(lambda: ws.recv(timeout=TIMEOUT))
+        assert isinstance(reply, str) and reply.startswith("invalid request: state[1] = 1e+38"), reply
+    assert_serving(server.port, policy)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_serve_on_cuda_without_cuda_is_a_config_error(exported, capsys):
+    from vla_rl.cli import main
+
+    assert main(["serve", str(exported), "--port", "0", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vla-rl: config error: device = 'cuda' but CUDA is not available"), err
+
+
+def test_limits_that_let_messages_outgrow_the_memory_budget_are_refused(exported, capsys):
+    from vla_rl.cli import main
+    from vla_rl.config import ConfigError
+
+    default = ServeConfig()
+    assert default.message_memory_mb <= default.max_memory_mb
+    assert ServeConfig(max_connections=2, max_message_mb=8).message_memory_mb == (3 * 2 + 16) * 8
+    with pytest.raises(ConfigError, match="max_memory_mb"):
+        ServeConfig(max_connections=64)
+    assert main(["serve", str(exported), "--port", "0", "--max-connections", "64"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vla-rl: config error: max_connections = 64 and max_message_mb = 16") and \
+        "--max" not in err.split("lower")[0], err
+
+
+def test_server_memory_under_many_large_messages_stays_within_its_bound():
+    """Six clients each send two 3.9 MB observations at once to a server whose every inference takes 100 ms
+    (so requests pile up): its resident memory grows by less than the bound it checks at start."""
+    script = ROOT / "benchmarks" / "bench_serve_memory.py"
+    args = ["--clients", "6", "--message-mb", "3.9", "--rounds", "2", "--infer-ms", "100", "--",
+            "--max-message-mb", "4", "--max-connections", "6"]
+    out = subprocess.run([sys.executable, str(script), *args], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    row = out.stdout.strip().splitlines()[-1].split("|")
+    served, growth = row[2].strip(), float(row[-2])
+    assert served == "6 / 0", out.stdout
+    bound = ServeConfig(max_message_mb=4, max_connections=6).message_memory_mb
+    assert 0 < growth <= bound, (growth, bound)

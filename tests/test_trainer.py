@@ -493,3 +493,29 @@ def test_eval_method_train_evaluates_with_the_rollout_sampler(sft_checkpoint, tm
     assert (tmp_path / "o" / "checkpoints" / "best" / "best.yaml").is_file()
     with pytest.raises(ConfigError, match="eval_method"):
         train_config(sft_checkpoint, tmp_path, eval_method="stochastic")
+
+
+def test_envs_forget_their_history_where_a_run_can_resume(sft_checkpoint, tmp_path, monkeypatch):
+    """Simulators whose physics carries state across episodes (ManiSkill's CPU workers) are told to forget it at
+    the start of every iteration that starts at a checkpoint: the same iterations in an uninterrupted run and in
+    one resumed from any of its checkpoints, whose envs are new (what makes resumed ManiSkill runs exact)."""
+    from vla_rl.envs.builtin import ColorReachEnv
+
+    calls: list[int] = []
+    trainer = None
+    monkeypatch.setattr(ColorReachEnv, "forget_history", lambda self: calls.append(trainer.iteration),
+                        raising=False)
+    over = {"iterations": 4, "save_every": 2, "eval_every": 4, "rollout_chunks": 1}
+    trainer = Trainer(train_config(sft_checkpoint, tmp_path / "full", **over), log=lambda *_: None)
+    with trainer:
+        trainer.run()
+    assert calls == [0, 2]                           # the start, and after the save of iteration 2
+    calls.clear()
+    trainer = Trainer(train_config(sft_checkpoint, tmp_path / "part", **{**over, "iterations": 2}),
+                      log=lambda *_: None)
+    with trainer:
+        trainer.run()
+    trainer = resume_trainer(tmp_path / "part", overrides={"iterations": 4}, log=lambda *_: None)
+    with trainer:
+        trainer.run()
+    assert calls == [0, 2]                           # the part run's start, then the resumed run's (at 2)

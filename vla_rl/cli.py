@@ -67,9 +67,12 @@ def _train(args) -> int:
     if args.no_progress:
         overrides["progress"] = False
     if args.resume:
+        args.run_dir = args.resume
         if args.config:
-            raise ConfigError(f"give either a CONFIG ({args.config}) or --resume RUN_DIR, not both: a resumed run "
-                              "keeps its own config (change settings with key=value overrides)")
+            raise ConfigError(f"give either a CONFIG ({args.config}) or --resume {args.resume}, not both: a resumed "
+                              "run keeps its own config (change settings with key=value overrides)")
+        if args.overwrite:
+            raise ConfigError(f"--overwrite starts a run over and --resume {args.resume} continues it: give one")
         if args.plan:
             from vla_rl.checkpoint.training import latest_checkpoint
             from vla_rl.train.trainer import resumed_config
@@ -83,6 +86,7 @@ def _train(args) -> int:
             raise ConfigError("give a CONFIG (a preset name from configs/experiment or a YAML path), or --resume")
         base = read_yaml(preset_path("experiment", args.config))
         cfg = from_dict(TrainConfig, merge(base, overrides))
+        args.run_dir = cfg.out
         if args.plan:
             return _plan(cfg, args.gpu_memory)
         trainer = Trainer(cfg, overwrite=args.overwrite)
@@ -152,7 +156,8 @@ def _bench(args) -> int:
         if not args.checkpoint or not args.suite:
             raise BenchError("give a CHECKPOINT and --suite (e.g. --suite libero_spatial or --suite maniskill:mp), "
                              "or --compare BENCH_A BENCH_B")
-        res = bench_from_cli(args.checkpoint, args.suite, parse_overrides(args.overrides), argv=args.argv)
+        res = bench_from_cli(args.checkpoint, args.suite, parse_overrides(args.overrides), argv=args.argv,
+                             overwrite=args.overwrite)
     except BenchError as e:
         print(f"vla-rl: bench error: {e}", file=sys.stderr)
         return 2
@@ -194,11 +199,12 @@ def _sft(args) -> int:
 
 
 def _export(args) -> int:
-    from vla_rl.interop.export import export_policy, summary
+    from vla_rl.interop.export import export_policy, summary, unknown_note
     from vla_rl.policies.exported import ExportError
 
     try:
-        path = export_policy(args.src, args.out, dtype=args.dtype, overrides=parse_overrides(args.overrides))
+        path = export_policy(args.src, args.out, dtype=args.dtype, overrides=parse_overrides(args.overrides),
+                             overwrite=args.overwrite)
     except ExportError as e:
         print(f"vla-rl: export error: {e}", file=sys.stderr)
         return 2
@@ -206,16 +212,19 @@ def _export(args) -> int:
     print(f"exported to {s['path']}: {s['bytes'] / 2**20:.1f} MiB of {args.dtype} weights; {s['control_mode']}, "
           f"state {s['state_dim']}, action {s['action_dim']}, chunk H={s['action_horizon']} (execute "
           f"{s['execute']}), K={s['num_steps']}, cameras {s['cameras'] or 'none'}")
+    if s["unknown"]:
+        print(f"note: {unknown_note(s['unknown'])}")
     return 0
 
 
 def _import(args) -> int:
     from vla_rl.checkpoint.lerobot_pi import import_lerobot
-    from vla_rl.outputs import check_output
+    from vla_rl.outputs import POLICY, check_output
 
     if args.kind != "lerobot":
         raise ConfigError(f"can import 'lerobot' checkpoints (π0 / π0.5 folders), not {args.kind!r}")
-    check_output(args.out, overwrite=args.overwrite, what="policy folder")
+    check_output(args.out, overwrite=args.overwrite, kind=POLICY, elsewhere="another OUT folder",
+                 inputs={"LeRobot checkpoint": args.src, "tokenizer": args.tokenizer})
     report = import_lerobot(args.src, args.out, tokenizer=args.tokenizer, dtype=args.dtype,
                             overrides=parse_overrides(args.overrides))
     cfg = report.config
@@ -236,7 +245,8 @@ def _serve(args) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = ServeConfig(host=args.host, port=args.port, token=args.token, max_message_mb=args.max_message_mb,
-                      max_connections=args.max_connections, device=args.device, dtype=args.dtype,
+                      max_connections=args.max_connections, max_memory_mb=args.max_memory_mb,
+                      device=args.device, dtype=args.dtype,
                       compile=args.compile)
     try:
         return run_server(args.export, cfg)
@@ -253,7 +263,7 @@ def _report(args) -> int:
 
     names = args.names.split(",") if args.names else None
     try:
-        path, table = write_report(args.runs, args.out, names=names)
+        path, table = write_report(args.runs, args.out, names=names, overwrite=args.overwrite)
     except ReportError as e:
         print(f"vla-rl: report error: {e}", file=sys.stderr)
         return 2
@@ -314,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
                                      "task_ids=[0] episodes_per_task=2 max_episode_steps=50 image_size=256")
     col.add_argument("kind", help="builtin (scripted expert), maniskill (motion planner), libero (random policy)")
     col.add_argument("out", help="dataset folder to write; one that holds anything is refused unless --overwrite "
-                                 "(then replaced atomically once the new dataset is complete)")
+                                 "(an earlier dataset is then replaced atomically once the new one is complete)")
     col.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
     col.add_argument("--no-progress", action="store_true", help="no progress bars")
     col.set_defaults(func=_collect)
@@ -334,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
                                      "robot spec, e.g. execute=4 num_steps=10 action_low=null "
                                      "'cameras=[{name: top, height: 224, width: 224}]' (see docs/deploy.md)")
     exp.add_argument("src", help="policy folder, training run or checkpoint")
-    exp.add_argument("out", help="folder to write (replaced atomically if it exists)")
+    exp.add_argument("out", help="folder to write (an earlier export there is replaced with --overwrite)")
     exp.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="weight dtype (default bf16)")
     exp.add_argument("overrides", nargs="*", help="robot spec overrides key=value")
     exp.set_defaults(func=_export)
@@ -363,8 +373,11 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port)")
     srv.add_argument("--token", default=None,
                      help="shared secret clients must send (visible in ps; prefer $VLA_RL_SERVE_TOKEN)")
-    srv.add_argument("--max-message-mb", type=float, default=32.0, help="largest request accepted (default 32)")
-    srv.add_argument("--max-connections", type=int, default=16, help="most clients at once (default 16)")
+    srv.add_argument("--max-message-mb", type=float, default=16.0, help="largest request accepted (default 16)")
+    srv.add_argument("--max-connections", type=int, default=8, help="most clients at once (default 8)")
+    srv.add_argument("--max-memory-mb", type=float, default=1024.0,
+                     help="the most memory messages may take, checked at start against the two limits above "
+                          "(default 1024; docs/deploy.md)")
     srv.add_argument("--device", default="cpu", help="cpu or cuda")
     srv.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto",
                      help="compute dtype (auto: bf16 weights run in bf16 on a GPU, fp32 on a CPU)")
@@ -426,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         if debug:
             raise
-        resume = " (continue with `vla-rl train --resume RUN_DIR`)" if args.command == "train" else ""
+        resume = f" (continue with `vla-rl train --resume {run_dir(args)}`)" if args.command == "train" else ""
         print(f"vla-rl: interrupted{resume}", file=sys.stderr)
         return 130
     except Exception as e:
@@ -442,9 +455,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # What each writing command writes (``--overwrite`` replaces it; without, an output that holds anything is refused).
+# Another kind of data there (a run, a dataset, ...) is never replaced, and an output inside an input is refused
+# (vla_rl.outputs).
 WRITERS = {"demo": "the demo folder (out=)", "train": "the run folder (out=)", "sft": "the policy folder (out=)",
-           "collect": "the dataset folder OUT", "eval": "the results file or folder (out=)",
-           "import": "the policy folder OUT"}
+           "collect": "the dataset folder OUT", "eval": "the results file (out=)",
+           "import": "the policy folder OUT", "export": "the export folder OUT",
+           "bench": "an earlier bench in out= (start over)", "report": "the files in --out"}
 
 
 def error_kind(e: BaseException) -> str | None:
@@ -470,13 +486,18 @@ def one_line(msg: str) -> str:
     return f"{lines[0]} ... {lines[-1]}"
 
 
+def run_dir(args) -> str:
+    """The folder of the run ``vla-rl train`` was working on (for advice that names it)."""
+    return str(getattr(args, "run_dir", None) or "<run folder>")
+
+
 def advice(kind: str, args) -> str:
     """What a CLI user can do next, where the error's message cannot know it."""
     if kind == "env" and args.command == "train":
-        return ("; the run's checkpoints are intact: continue it with `vla-rl train --resume RUN_DIR "
+        return (f"; the run's checkpoints are intact: continue it with `vla-rl train --resume {run_dir(args)} "
                 "env.restart_dead_workers=2`, which also restarts env workers that die")
     if kind == "training":
-        return "; resume from that checkpoint with other settings: `vla-rl train --resume RUN_DIR key=value`"
+        return f"; resume from that checkpoint with other settings: `vla-rl train --resume {run_dir(args)} key=value`"
     return ""
 
 

@@ -60,10 +60,10 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, overwrite: bool = False)
 
 
 def _run_demo(cfg: DemoConfig, *, progress: bool, overwrite: bool) -> dict:
-    from vla_rl.outputs import check_output, clear_output
+    from vla_rl.outputs import DEMO, check_output, clear_output
     from vla_rl.train.trainer import TrainConfig, Trainer
 
-    check_output(cfg.out, overwrite=overwrite, what="demo folder")
+    check_output(cfg.out, overwrite=overwrite, kind=DEMO)
     if overwrite:
         clear_output(cfg.out)
     torch.manual_seed(cfg.seed)

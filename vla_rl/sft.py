@@ -180,11 +180,11 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True, ov
     from vla_rl.config import ConfigError, from_dict, policy_preset, to_dict
     from vla_rl.env_factory import EnvConfig, make_env
     from vla_rl.eval.evaluate import evaluate
-    from vla_rl.outputs import check_output
+    from vla_rl.outputs import POLICY, check_output
     from vla_rl.policies.model import FlowPolicy, count_parameters
     from vla_rl.policies.normalize import NormStats, Stats, parse_dims
 
-    check_output(cfg.out, overwrite=overwrite, what="policy folder")
+    check_output(cfg.out, overwrite=overwrite, kind=POLICY, inputs={"dataset": dataset, "init policy": cfg.init})
     torch.manual_seed(cfg.seed)
     data, env_dict = load_demos(dataset, cfg.max_episodes)  # reads (and decodes videos of) those episodes only
     if len(data) == 0:

@@ -35,14 +35,30 @@ class NonFiniteError(CheckpointError):
     """Tensors to be saved hold NaN or inf: they are never written."""
 
 
+class FolderWriteError(OSError):
+    """A folder could not be written (a full disk, no permission); what was at its place is kept. An OSError, so
+    the CLI reports it as a ``file`` error."""
+
+
+def _write_failed(path: Path, e: BaseException) -> FolderWriteError:
+    kept = "its previous version is intact" if path.exists() else "nothing was written"
+    return FolderWriteError(f"could not write {path} ({' '.join(str(e).split())}); {kept}")
+
+
 @contextlib.contextmanager
 def atomic_folder(path: str | Path) -> Iterator[Path]:
     """Yield a temporary sibling folder to fill; when the block ends without an error it replaces
     ``path`` (a folder already there is swapped out, then removed), otherwise it is removed and ``path``
-    is left as it was. A crash therefore never leaves a half-written folder nor loses the old one."""
+    is left as it was. A crash therefore never leaves a half-written folder nor loses the old one.
+
+    A file system error (a full disk: ``OSError``, or safetensors' own error) comes out as
+    :class:`FolderWriteError`, saying that nothing was written or that the previous folder is intact."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    except OSError as e:
+        raise _write_failed(path, e) from None
     try:
         yield tmp
         old = None
@@ -52,6 +68,11 @@ def atomic_folder(path: str | Path) -> Iterator[Path]:
         os.replace(tmp, path)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+    except (OSError, SafetensorError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, FolderWriteError):
+            raise
+        raise _write_failed(path, e) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -106,9 +127,8 @@ def write_atomic_folder(path: str | Path, *, tensors: dict[str, dict[str, torch.
             for name, data in yamls.items():
                 with open(tmp / f"{name}.yaml", "w") as f:
                     yaml.safe_dump(data, f, sort_keys=False)
-    except (OSError, SafetensorError) as e:
-        kept = "its previous version is intact" if Path(path).exists() else "nothing was written"
-        raise CheckpointWriteError(f"could not write {path} ({e}); {kept}") from None
+    except FolderWriteError as e:
+        raise CheckpointWriteError(str(e)) from None
     return Path(path)
 
 
@@ -125,13 +145,26 @@ def verify_folder(path: str | Path) -> None:
             read_yaml_file(f)
 
 
+def check_finite(path: Path, name: str, t: torch.Tensor) -> None:
+    """Raise :class:`CheckpointError` naming tensor ``name`` of file ``path`` if it holds NaN or inf.
+
+    Why at every load: a policy with one NaN weight acts NaN, which would surface far from its cause (an
+    action chunk refused by the env); a run resumed from it would train on NaN."""
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        raise CheckpointError(f"{path}: tensor {name} holds NaN or inf (a damaged or diverged checkpoint)")
+
+
 def read_tensors(path: Path, device="cpu") -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file, each checked finite (:func:`check_finite`)."""
     if not path.is_file():
         raise CheckpointError(f"checkpoint file missing: {path}")
     try:
-        return load_file(str(path), device=str(device))
+        tensors = load_file(str(path), device=str(device))
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"corrupt safetensors file {path}: {e}") from None
+    for name, t in tensors.items():
+        check_finite(path, name, t)
+    return tensors
 
 
 def read_yaml_file(path: Path) -> dict:
@@ -150,8 +183,8 @@ def read_yaml_file(path: Path) -> dict:
 
 
 def read_tensors_lazily(path: Path, expected: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The tensors of ``path`` named in ``expected`` (a state dict, e.g. on the meta device), read one at a time and
-    converted to ``expected``'s dtypes; names and shapes are checked first."""
+    """The tensors of ``path`` named in ``expected`` (a state dict, e.g. on the meta device), read one at a time,
+    checked finite and converted to ``expected``'s dtypes; names and shapes are checked first."""
     if not path.is_file():
         raise CheckpointError(f"checkpoint file missing: {path}")
     try:
@@ -165,6 +198,13 @@ def read_tensors_lazily(path: Path, expected: dict[str, torch.Tensor]) -> dict[s
                 shape = tuple(f.get_slice(k).get_shape())
                 if shape != tuple(v.shape):
                     raise CheckpointError(f"{path}: {k} has shape {shape}, the config needs {tuple(v.shape)}")
-            return {k: f.get_tensor(k).to(v.dtype) for k, v in expected.items()}
+            out = {}
+            for k, v in expected.items():
+                t = f.get_tensor(k)
+                check_finite(path, k, t)
+                out[k] = t.to(v.dtype)
+            return out
+    except CheckpointError:
+        raise
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"corrupt safetensors file {path}: {e}") from None

@@ -198,8 +198,9 @@ def infer_policy_config(lr: dict, shapes: dict, overrides: dict | None = None) -
         raise LeRobotImportError("the action expert and the PaliGemma language model have different depths")
     cfg = merge(base, over)
     if not cfg["vision"]["num_heads"]:
+        # The override is a PolicyConfig key as `vla-rl import` takes it (no `policy.` prefix).
         raise LeRobotImportError(f"SigLIP width {vis_width} has no known head count (known: {SIGLIP_HEADS}); "
-                                 "give it as an override: policy.vision.num_heads=N")
+                                 "give it when importing: `vla-rl import lerobot SRC OUT vision.num_heads=N`")
     try:
         return from_dict(PolicyConfig, cfg, prefix="policy")
     except ConfigError as e:

@@ -120,13 +120,13 @@ def collect_dataset(kind: str, out: str | Path, cfg: CollectConfig, *, overwrite
     :func:`collector_settings`). An ``out`` that holds anything is refused before any work
     unless ``overwrite`` (then replaced atomically once the new dataset is complete)."""
     from vla_rl.data.lerobot import write_lerobot_dataset
-    from vla_rl.outputs import check_output
+    from vla_rl.outputs import DATASET, TRAJECTORIES, check_output
 
     settings = collector_settings(kind, cfg)
-    check_output(out, overwrite=overwrite, what="dataset folder", elsewhere="another OUT folder")
+    check_output(out, overwrite=overwrite, kind=DATASET, elsewhere="another OUT folder")
     if kind == "maniskill":   # ManiSkill's own files of an earlier collection into OUT live beside it
         raw = Path(out).with_name(Path(out).name + ".maniskill")
-        check_output(raw, overwrite=overwrite, what="ManiSkill trajectory folder", elsewhere="another OUT folder")
+        check_output(raw, overwrite=overwrite, kind=TRAJECTORIES, elsewhere="another OUT folder")
     if kind == "maniskill":
         from vla_rl.data.maniskill_demos import PLANNED_TASKS, collect_maniskill
 

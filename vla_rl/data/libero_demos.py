@@ -154,9 +154,9 @@ def record_libero_dataset(path: str | Path, cfg: LiberoRecordConfig | None = Non
                           overwrite: bool = False) -> Path:
     """Record episodes with :func:`record_libero_episodes` and write them in the LIBERO layout (a ``path``
     that holds anything is refused before any work unless ``overwrite``)."""
-    from vla_rl.outputs import check_output
+    from vla_rl.outputs import DATASET, check_output
 
-    check_output(path, overwrite=overwrite, what="dataset folder", elsewhere="another OUT folder")
+    check_output(path, overwrite=overwrite, kind=DATASET, elsewhere="another OUT folder")
     cfg = cfg or LiberoRecordConfig()
     data = record_libero_episodes(cfg, progress=progress)
     return write_libero_layout(path, data, fps=cfg.fps, extra_info=recording_info(cfg))

@@ -210,7 +210,7 @@ class RayLearners:
         actors = self._live()
         ref = ray.put(rollout_to(ro, "cpu"))
         replies = self._gather([a.update.remote(ref, iteration, r == 0) for r, a in enumerate(actors)],
-                               f"the update of iteration {iteration}")
+                               f"the update of iteration {iteration + 1}")   # numbered as the metrics are
         metrics, self.skipped_steps, self.applied_steps, weights = replies[0]
         load_weights(self.local.actor.model, weights)
         return metrics

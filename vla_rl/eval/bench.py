@@ -250,9 +250,14 @@ def run_task(actor_for, task: BenchTask, cfg: BenchConfig, out: Path, log) -> di
             "seconds": time.perf_counter() - start, "records": records}
 
 
-def run_bench(checkpoint: str | Path, cfg: BenchConfig, *, command: list[str] | None = None, log=print) -> dict:
-    """Run (or resume) a bench of ``checkpoint`` into ``cfg.out``; returns the results document."""
+def run_bench(checkpoint: str | Path, cfg: BenchConfig, *, command: list[str] | None = None, log=print,
+              overwrite: bool = False) -> dict:
+    """Run (or resume) a bench of ``checkpoint`` into ``cfg.out``; returns the results document. ``overwrite``:
+    start over in an ``out`` that holds an earlier bench (or other files; never another kind of data)."""
+    from vla_rl.outputs import BENCH, check_output, clear_output
+
     checkpoint = Path(checkpoint)
+    check_output(cfg.out, overwrite=overwrite, kind=BENCH, reuse=True, inputs={"checkpoint": checkpoint})
     from vla_rl.checkpoint.policy import load_any_policy  # ours, or a LeRobot π0 / π0.5 folder
     from vla_rl.policies.inference import cast_weights
 
@@ -262,6 +267,8 @@ def run_bench(checkpoint: str | Path, cfg: BenchConfig, *, command: list[str] | 
     weights = weights_sha256(checkpoint)
     ident = _identity(cfg, weights)
     out = Path(cfg.out)
+    if overwrite:
+        clear_output(out)
     results = []
     # Earlier results are checked before any new work: a bench folder holds one policy's results only.
     for task in tasks:
@@ -270,8 +277,8 @@ def run_bench(checkpoint: str | Path, cfg: BenchConfig, *, command: list[str] | 
             doc = read_task_result(path)
             if doc["identity"] != ident:
                 diff = sorted(k for k in set(ident) | set(doc["identity"]) if doc["identity"].get(k) != ident.get(k))
-                raise BenchError(f"{path} was made with other settings ({', '.join(diff)}); use another out= or "
-                                 "remove that folder")
+                raise BenchError(f"{path} was made with other settings ({', '.join(diff)}); use another out=, "
+                                 "or start over with --overwrite")
 
     def actor_for(spec):
         try:
@@ -458,9 +465,11 @@ def compare_markdown(cmp: dict, base_name: str, new_name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def bench_from_cli(checkpoint: str, suite: str, overrides: dict, *, argv: list[str] | None = None) -> dict:
+def bench_from_cli(checkpoint: str, suite: str, overrides: dict, *, argv: list[str] | None = None,
+                   overwrite: bool = False) -> dict:
     """Build the config from ``--suite`` and ``key=value`` overrides and run the bench."""
     if "suite" in overrides:
         raise ConfigError("give the suite with --suite, not suite=")
     cfg = from_dict(BenchConfig, {**overrides, "suite": suite})
-    return run_bench(checkpoint, cfg, command=["vla-rl", *(argv if argv is not None else sys.argv[1:])])
+    return run_bench(checkpoint, cfg, command=["vla-rl", *(argv if argv is not None else sys.argv[1:])],
+                     overwrite=overwrite)

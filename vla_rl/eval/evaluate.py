@@ -231,11 +231,11 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, *, over
     unless ``method`` says otherwise); with ``out`` set, also write the per-episode results there
     (:func:`write_episode_file`; an existing file is refused before any work unless ``overwrite``)."""
     from vla_rl.config import from_dict
-    from vla_rl.outputs import check_output
+    from vla_rl.outputs import EVAL_FILE, check_output
 
     cfg = from_dict(EvalConfig, dict(overrides or {}))
     if cfg.out:
-        check_output(cfg.out, overwrite=overwrite, what="evaluation file")
+        check_output(cfg.out, overwrite=overwrite, kind=EVAL_FILE, inputs={"checkpoint": path})
 
     path = resolve_checkpoint(path, log=log)
     num_envs = min(cfg.num_envs, cfg.episodes)

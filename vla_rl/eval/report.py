@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,7 +175,7 @@ def plot_runs(runs: list[Run], out_dir: str | Path) -> list[Path]:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(out / fname, dpi=120)
+        _save_figure(fig, out / fname, dpi=120)
         plt.close(fig)
         paths.append(out / fname)
     fig, axes = plt.subplots(2, 3, figsize=(12, 6.4))
@@ -197,18 +198,23 @@ def plot_runs(runs: list[Run], out_dir: str | Path) -> list[Path]:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
     axes.flat[0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / "diagnostics.png", dpi=110)
+    _save_figure(fig, out / "diagnostics.png", dpi=110)
     plt.close(fig)
     paths.append(out / "diagnostics.png")
     return paths
 
 
 def write_report(run_dirs: list[str | Path], out_dir: str | Path, *, names: list[str] | None = None,
-                 target: float = TARGET) -> tuple[Path, str]:
+                 target: float = TARGET, overwrite: bool = False) -> tuple[Path, str]:
     """Plot ``run_dirs`` and write ``report.md`` (the summary table and the figures) into ``out_dir``;
-    returns its path and the summary table."""
+    returns its path and the summary table. ``out_dir`` may hold an earlier report (its files are replaced);
+    other files there need ``overwrite``, and another kind of data is refused (:mod:`vla_rl.outputs`)."""
+    from vla_rl.outputs import REPORT, check_output
+
     if not run_dirs:
         raise ReportError("give at least one run folder")
+    check_output(out_dir, overwrite=overwrite, kind=REPORT, reuse=True, elsewhere="another --out",
+                 inputs=[("run folder", d) for d in run_dirs])
     if names is not None and len(names) != len(run_dirs):
         raise ReportError(f"{len(names)} names for {len(run_dirs)} runs")
     runs = [Run.load(d, None if names is None else names[i]) for i, d in enumerate(run_dirs)]
@@ -220,5 +226,20 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path, *, names: list
     body = ["# Training report", "", "Runs: " + ", ".join(f"`{r.name}` ({d})" for r, d in zip(runs, run_dirs)), "",
             table, *[f"![{p.stem}]({p.name})" for p in figures], ""]
     path = Path(out_dir) / "report.md"
-    path.write_text("\n".join(body))
+    _replace_atomically(path, lambda tmp: tmp.write_text("\n".join(body)))
     return path, table
+
+
+def _replace_atomically(path: Path, write) -> None:
+    """``write(tmp)`` into a temporary sibling of ``path``, then rename it into place: a full disk or a kill leaves
+    the previous file whole (or none), never a truncated one."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _save_figure(fig, path: Path, dpi: int) -> None:
+    _replace_atomically(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -130,26 +131,38 @@ def describe_env(env: dict, *, state_dim: int, action_dim: int, num_cameras: int
             "source": {"env": {"kind": kind, **section}}}
 
 
-def spec_defaults(folder: Path, cfg: PolicyConfig, norm: NormStats, config: dict) -> dict:
+def _section(doc: dict, key: str) -> dict:
+    return doc[key] if isinstance(doc.get(key), dict) else {}
+
+
+def spec_defaults(folder: Path, cfg: PolicyConfig, norm: NormStats, config: dict, out: Path | None = None) -> dict:
     """ExportSpec fields from a policy folder: its statistics (the robot's state / action sizes), config.yaml
-    (``config``) and, for a training checkpoint, its ``train_config.yaml``."""
+    (``config``: the env and sampler an SFT policy was evaluated with, ``sft``; or ``demo`` for ``vla-rl demo``'s)
+    and, for a training checkpoint, its ``train_config.yaml``. ``source.unknown`` lists what none of them
+    recorded; ``source.checkpoint`` is the source's path relative to the export folder ``out``."""
     train = read_yaml_file(folder / "train_config.yaml") if (folder / "train_config.yaml").is_file() else {}
-    sft = config.get("sft") if isinstance(config.get("sft"), dict) else {}
-    env = train.get("env") if isinstance(train.get("env"), dict) else config.get("env_config") or {}
-    sampler = train.get("sampler") if isinstance(train.get("sampler"), dict) else {}
+    sft, demo = _section(config, "sft"), _section(config, "demo")
+    env = _section(train, "env") or config.get("env_config") or \
+        ({"kind": "builtin", "builtin": _section(demo, "env")} if demo else {})
+    sampler = _section(train, "sampler")
     state_dim, action_dim = norm.state.mean.shape[0], norm.action.mean.shape[0]
-    execute = train.get("execute", sft.get("execute", cfg.action_horizon))
-    num_steps = sampler.get("num_steps", sft.get("num_steps", DEFAULT_NUM_STEPS))
-    out = {"state_dim": state_dim, "action_dim": action_dim, "action_horizon": cfg.action_horizon,
-           "execute": min(int(execute), cfg.action_horizon), "num_steps": int(num_steps)}
+    execute = train.get("execute", sft.get("execute", demo.get("execute", cfg.action_horizon)))
+    num_steps = sampler.get("num_steps", sft.get("num_steps", demo.get("num_steps")))
+    unknown = [] if num_steps is not None else ["num_steps"]
+    out_fields = {"state_dim": state_dim, "action_dim": action_dim, "action_horizon": cfg.action_horizon,
+                  "execute": min(int(execute), cfg.action_horizon),
+                  "num_steps": int(num_steps if num_steps is not None else DEFAULT_NUM_STEPS)}
     described = describe_env(env, state_dim=state_dim, action_dim=action_dim, num_cameras=cfg.num_cameras,
                              image_size=cfg.vision.image_size, camera_names=cfg.camera_names)
-    source = {"checkpoint": str(folder.resolve()), **described.pop("source", {})}
+    if described["control_mode"] == "unknown":
+        unknown = ["control_mode", "action_low", "action_high", "action_names", "cameras", *unknown]
+    where = os.path.relpath(folder.resolve(), out.resolve()) if out is not None else folder.name
+    source = {"checkpoint": where, **described.pop("source", {}), "unknown": unknown}
     if (folder / "best.yaml").is_file():
         source["best"] = read_yaml_file(folder / "best.yaml")
     if (folder / "trainer_state.yaml").is_file():
         source["iteration"] = read_yaml_file(folder / "trainer_state.yaml").get("iteration")
-    return {**out, **described, "source": source}
+    return {**out_fields, **described, "source": source}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -216,12 +229,20 @@ def _read_weights(path: Path, cfg: PolicyConfig, dtype: str,
         raise CheckpointError(f"corrupt safetensors file {path}: {e}") from None
 
 
-def export_policy(src: str | Path, out: str | Path, *, dtype: str = "bf16", overrides: dict | None = None) -> Path:
-    """Export the policy of ``src`` (see :func:`resolve_source`) to folder ``out`` (written atomically; a folder
-    already there is replaced only once the new one is complete). ``overrides``: ExportSpec fields."""
+def export_policy(src: str | Path, out: str | Path, *, dtype: str = "bf16", overrides: dict | None = None,
+                  overwrite: bool = False) -> Path:
+    """Export the policy of ``src`` (see :func:`resolve_source`) to folder ``out``, written atomically. An ``out``
+    that holds anything is refused before any work unless ``overwrite`` (an earlier export, or files of no known
+    kind: replaced only once the new folder is complete); another kind of data (a run, a dataset ...) and an
+    ``out`` inside the source are refused whatever (:mod:`vla_rl.outputs`). ``overrides``: ExportSpec fields."""
+    from vla_rl.outputs import EXPORT, check_output
+
     if dtype not in WEIGHT_DTYPES:
         raise ConfigError(f"dtype must be one of {list(WEIGHT_DTYPES)}, got {dtype!r}")
     folder = resolve_source(src)
+    out = Path(out)
+    check_output(out, overwrite=overwrite, kind=EXPORT, inputs={"source": src, "source checkpoint": folder},
+                 elsewhere="another OUT folder")
     config = read_yaml_file(folder / "config.yaml")
     if config.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{folder}: unsupported checkpoint format_version {config.get('format_version')!r}")
@@ -233,7 +254,9 @@ def export_policy(src: str | Path, out: str | Path, *, dtype: str = "bf16", over
     except (ConfigError, KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{folder}/config.yaml: {e}") from None
     try:
-        spec = from_dict(ExportSpec, merge(spec_defaults(folder, cfg, norm, config), overrides or {}), prefix="spec")
+        defaults = spec_defaults(folder, cfg, norm, config, out)
+        defaults["source"]["unknown"] = [k for k in defaults["source"]["unknown"] if k not in (overrides or {})]
+        spec = from_dict(ExportSpec, merge(defaults, overrides or {}), prefix="spec")
         check_consistency(cfg, spec, norm)
     except (ConfigError, ExportError) as e:
         raise ConfigError(str(e)) from None
@@ -243,9 +266,6 @@ def export_policy(src: str | Path, out: str | Path, *, dtype: str = "bf16", over
     weights = _read_weights(folder / "model.safetensors", cfg, dtype, adapters)
     policy = to_dict(cfg)
     files = tokenizer_files(folder, config.get("policy", {}))
-    out = Path(out)
-    if out.resolve() == folder.resolve() or folder.resolve() in out.resolve().parents:
-        raise ConfigError(f"the export folder {out} must lie outside the source {folder}")
     with atomic_folder(out) as tmp:
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": EXPORT_FORMAT, "dtype": dtype})
         save_file(norm.to_tensors(), str(tmp / "norm_stats.safetensors"))
@@ -327,4 +347,19 @@ def summary(path: str | Path) -> dict[str, Any]:
     return {"path": str(path), "bytes": (path / "model.safetensors").stat().st_size,
             **{k: spec[k] for k in ("state_dim", "action_dim", "action_horizon", "execute", "num_steps",
                                     "control_mode")},
-            "cameras": [c["name"] for c in spec["cameras"]]}
+            "cameras": [c["name"] for c in spec["cameras"]], "unknown": spec.get("source", {}).get("unknown", [])}
+
+
+def unknown_note(unknown: list[str]) -> str:
+    """One line on what an export's source did not record (``source.unknown`` of its spec) and what was assumed."""
+    parts = []
+    if "control_mode" in unknown:
+        parts.append("its robot (control mode, action bounds and names, cameras): actions are not clipped and "
+                     "cameras get generic names")
+    if "num_steps" in unknown:
+        parts.append(f"the sampler it was evaluated with: K={DEFAULT_NUM_STEPS} (π0's) is used")
+    rest = [k for k in unknown if k not in ("control_mode", "action_low", "action_high", "action_names", "cameras",
+                                            "num_steps")]
+    parts += [f"{k}" for k in rest]
+    return (f"the source does not record {'; nor '.join(parts)}. Set them with key=value overrides "
+            "(docs/deploy.md)")

@@ -15,6 +15,13 @@ compression (no decompression bombs); at most ``max_connections`` clients; every
 (:func:`vla_rl.policies.exported.parse_observation`) before it reaches the model. Inference runs on one worker
 thread, so concurrent clients are served in turn while the event loop keeps accepting, validating and answering
 errors.
+
+Memory: a connection holds the message it is serving and at most one more (``max_queue=0``: reading stops while a
+received frame waits; websockets' read buffer keeps about one message's size more), at most :data:`DECODE_SLOTS`
+requests are decoded at a time (decoding copies a message's arrays once, the model's input once more), and one
+is inferred at a time (resizing its images works in float32: four bytes a value). So messages take at most
+:meth:`ServeConfig.message_memory_mb`, which must fit ``max_memory_mb`` (``benchmarks/bench_serve_memory.py``
+measures it).
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from typing import Literal
 
 import torch
 
-from vla_rl.config import ConfigError, check_ranges, positive, ranged
+from vla_rl.config import ConfigError, check_ranges, positive, ranged, resolve_device
 from vla_rl.policies.exported import ExportedPolicy, ObservationError
 
 from .wire import WireError, pack, unpack
@@ -41,6 +48,7 @@ from .wire import WireError, pack, unpack
 log = logging.getLogger("vla_rl.serve")
 TOKEN_ENV = "VLA_RL_SERVE_TOKEN"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+DECODE_SLOTS = 2   # requests decoded at once: one being inferred, one ready (inference runs one at a time)
 
 
 @dataclass(frozen=True)
@@ -50,8 +58,10 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = ranged(8000, 0, 65535)          # 0: any free port (the bound one is printed)
     token: str | None = None                    # shared secret; None: no authentication
-    max_message_mb: float = positive(32.0)      # largest observation message accepted
-    max_connections: int = positive(16)
+    max_message_mb: float = positive(16.0)      # largest observation message accepted
+    max_connections: int = positive(8)
+    # The most memory messages may take (message_memory_mb, from the two above), checked at start.
+    max_memory_mb: float = positive(1024.0)
     max_batch: int = positive(64)               # observations per request
     device: str = "cpu"
     dtype: Literal["auto", "fp32", "bf16"] = "auto"
@@ -61,10 +71,24 @@ class ServeConfig:
         check_ranges(self)
         if self.token is not None and (not self.token or not self.token.isprintable() or not self.token.isascii()):
             raise ConfigError("token must be a non-empty printable ASCII string")
+        if self.message_memory_mb > self.max_memory_mb:
+            raise ConfigError(
+                f"max_connections = {self.max_connections} and max_message_mb = {self.max_message_mb:g} let messages "
+                f"take up to {self.message_memory_mb:g} MB, more than max_memory_mb = {self.max_memory_mb:g}: lower "
+                "one of the first two or raise max_memory_mb (docs/deploy.md#memory)")
 
     @property
     def max_message_bytes(self) -> int:
         return int(self.max_message_mb * 2**20)
+
+    @property
+    def message_memory_mb(self) -> float:
+        """The most memory messages can take: three message sizes per connection (the message being served, one
+        received after it, websockets' read buffer) and sixteen for the requests being decoded and inferred (two
+        decoded copies for each of the :data:`DECODE_SLOTS`, and the float32 resize of one request's images).
+        Measured below it: 8 clients each sending four 3.9 MB messages at once to a server that takes 300 ms an
+        inference peaked 132 MB above idle, against (3 x 8 + 16) x 4 = 160 (``benchmarks/bench_serve_memory.py``)."""
+        return (3 * self.max_connections + 16) * self.max_message_mb
 
 
 class PolicyServer:
@@ -76,6 +100,7 @@ class PolicyServer:
         self.port: int | None = None
         self._connections = 0
         self._requests = 0
+        self._decoding = asyncio.Semaphore(DECODE_SLOTS)
         # torch's intra-op thread count is per thread: the worker takes the process's (e.g. torch.set_num_threads).
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="vla-rl-infer", initializer=torch.set_num_threads,
@@ -123,8 +148,10 @@ class PolicyServer:
             async for message in ws:
                 start = time.monotonic()
                 try:
-                    batch = self._check(message)
-                    actions, policy_ms = await loop.run_in_executor(self._executor, self._infer, batch)
+                    async with self._decoding:   # bounds the decoded copies (see the module docstring)
+                        batch = self._check(message)
+                        actions, policy_ms = await loop.run_in_executor(self._executor, self._infer, batch)
+                        del batch
                 except (WireError, ObservationError) as e:
                     await ws.send(f"invalid request: {e}")
                     continue
@@ -136,9 +163,10 @@ class PolicyServer:
                          "server_timing": {"infer_ms": (time.monotonic() - start) * 1000}}
                 if prev_total_ms is not None:
                     reply["server_timing"]["prev_total_ms"] = prev_total_ms
+                self._requests += 1   # counted before the reply leaves: a client that has it sees it counted
                 await ws.send(pack(reply))
-                self._requests += 1
                 prev_total_ms = (time.monotonic() - start) * 1000
+                del message   # not held while waiting for the next one
         except ConnectionClosed as e:
             log.info("client %s gone: %s", peer, e)
         finally:
@@ -150,7 +178,7 @@ class PolicyServer:
         from websockets.asyncio.server import serve
 
         async with serve(self._handler, self.cfg.host, self.cfg.port, process_request=self._process_request,
-                         max_size=self.cfg.max_message_bytes, max_queue=2, compression=None,
+                         max_size=self.cfg.max_message_bytes, max_queue=0, compression=None,
                          open_timeout=10, close_timeout=5, ping_interval=20, ping_timeout=20) as server:
             self.port = next(iter(server.sockets)).getsockname()[1]
             if ready is not None:
@@ -217,7 +245,8 @@ def run_server(path: str, cfg: ServeConfig) -> int:
         from dataclasses import replace
 
         cfg = replace(cfg, token=token)
-    policy = load_exported(path, device=cfg.device, dtype=cfg.dtype, compile=cfg.compile)
+    device = resolve_device(cfg.device)   # `--device cuda` without CUDA: a config error, as for training
+    policy = load_exported(path, device=device, dtype=cfg.dtype, compile=cfg.compile)
     if cfg.host not in LOOPBACK and cfg.token is None:
         log.warning("serving on %s without a token: anyone who can reach this port can drive the policy "
                     "(set --token or %s)", cfg.host, TOKEN_ENV)

@@ -5,7 +5,9 @@ can later become a remote actor without touching this loop.
 Each iteration resets the envs with a seed derived from (seed, iteration) and collects ``rollout_chunks``
 chunks; the rollout noise generator and the minibatch order are seeded the same way. A run's future is
 therefore fully determined by (config, weights, optimizer state, iteration), which is what a checkpoint
-holds: a resumed CPU run reproduces an uninterrupted one exactly.
+holds, once simulators that carry state across episodes forget it where a run can resume
+(:meth:`Trainer._forget_env_history`): a resumed run on the built-in task or on ManiSkill's CPU workers
+reproduces an uninterrupted one exactly.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from vla_rl.distributed.learners import LearnerError
 from vla_rl.distributed.runtime import make_runtime
 from vla_rl.env_factory import EnvConfig, make_env
 from vla_rl.eval.evaluate import evaluate
-from vla_rl.outputs import check_output, clear_output
+from vla_rl.outputs import RUN, check_output, clear_output
 from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
@@ -182,7 +184,8 @@ class Trainer:
         self.resume_from = Path(resume_from) if resume_from is not None else None
         self._clear_on_run = False
         if self.resume_from is None:
-            check_output(self.run_dir, overwrite=overwrite, what="run folder", resumable=True)
+            check_output(self.run_dir, overwrite=overwrite, kind=RUN, resumable=True,
+                         inputs={"init policy": cfg.init})
             self._clear_on_run = overwrite
         self.device = resolve_device(cfg.device)
         self.metrics = MetricsLog(self.run_dir, tensorboard=cfg.tensorboard, log=log)
@@ -228,8 +231,10 @@ class Trainer:
             from vla_rl.checkpoint.policy import load_any_policy  # ours, or a LeRobot π0 / π0.5 folder
 
             model, norm, init_config = load_any_policy(cfg.init, device=self.device)
-        else:
-            model = FlowPolicy(policy_preset(cfg.model)).to(self.device)
+        else:   # a fresh model's weights come from the run's seed: two runs of one config are the same run
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(cfg.seed)
+                model = FlowPolicy(policy_preset(cfg.model)).to(self.device)
             norm = NormStats(Stats.identity(spec.state_dim), Stats.identity(spec.action_dim))
         if self.resume_from is None:   # a resumed run was warned when it started
             kind = cfg.env.kind
@@ -390,6 +395,14 @@ class Trainer:
                                 f"{self._newest_checkpoint_text()} (continue it with `vla-rl train --resume "
                                 f"{self.run_dir}`)") from None
 
+    def _forget_env_history(self) -> None:
+        """Every iteration that starts at a checkpoint (this invocation's first, and each after a save) first has
+        the envs forget their history (``forget_history``: ManiSkill's CPU workers rebuild their PhysX scenes),
+        so a run resumed there, whose envs are new, steps exactly as the run that went on."""
+        for env in {id(e): e for e in (self.env, self.eval_env)}.values():
+            if hasattr(env, "forget_history"):
+                env.forget_history()
+
     def _over_budget(self, started: float, iteration_start: float) -> bool:
         """Whether another iteration, as long as the one that started at ``iteration_start``, would end past
         ``max_minutes`` counted from ``started`` (both ``time.perf_counter()``)."""
@@ -419,8 +432,12 @@ class Trainer:
     def _iterate(self, bar, started: float) -> None:
         cfg = self.cfg
         env_steps = sum(int(h.get("time/env_steps_iter", 0)) for h in self.history)
+        at_checkpoint = True   # this invocation starts at iteration 0 or at the checkpoint it resumed from
         for it in range(self.iteration, cfg.iterations):
             t0 = time.perf_counter()
+            if at_checkpoint:
+                self._forget_env_history()
+                at_checkpoint = False
             seed = rollout_seed(cfg.seed, it, self.env.num_envs)
             grpo = cfg.ppo.algorithm == "grpo"
             obs = self.env.reset(seed=seed, group_size=cfg.ppo.group_size) if grpo else self.env.reset(seed=seed)
@@ -465,6 +482,7 @@ class Trainer:
             self.log(summary_line(m))
             if self.iteration % cfg.save_every == 0 or self.iteration == cfg.iterations or last:
                 self.save()
+                at_checkpoint = True
             bar.update(1)
             if last:
                 self.stopped_by_budget = True
@@ -474,10 +492,28 @@ class Trainer:
                 return
 
 
-def resumed_config(saved: dict, overrides: dict) -> dict:
+# What a resumed run takes from its checkpoint, not from its config: overriding these could not change anything.
+FIXED_ON_RESUME = {"init": "the policy comes from the checkpoint's own weights, not from init",
+                   "model": "the policy's architecture is the checkpoint's",
+                   "out": "a resumed run goes on in its own folder"}
+
+
+def resumed_config(saved: dict, overrides: dict, run_dir: str | Path | None = None) -> dict:
     """The config a resumed run continues with: ``saved`` with ``overrides`` merged in. ``runtime=local``
     without a ``ray`` override also drops the saved ``ray`` section, so a run trained on Ray continues on one
-    machine (the checkpoints are the same either way)."""
+    machine (the checkpoints are the same either way).
+
+    Overrides of :data:`FIXED_ON_RESUME` keys (``init``, ``model``, ``out``) that differ from the saved values are
+    refused (:class:`ConfigError`): they would do nothing, yet be recorded in the run's config.yaml as if they had.
+    ``out`` naming ``run_dir`` itself is accepted."""
+    for key, why in FIXED_ON_RESUME.items():
+        if key not in overrides or overrides[key] == saved.get(key):
+            continue
+        if key == "out" and run_dir is not None and overrides[key] is not None and \
+                Path(overrides[key]).resolve() == Path(run_dir).resolve():
+            continue
+        raise ConfigError(f"{key}={overrides[key]} cannot apply to a resumed run ({why}; it started with "
+                          f"{key}={saved.get(key)}); drop it, or start a new run with it")
     if overrides.get("runtime") == "local" and "ray" not in overrides:
         saved = {k: v for k, v in saved.items() if k != "ray"}
     return merge(saved, overrides)
@@ -495,7 +531,10 @@ def resume_trainer(run_dir: str | Path, *, overrides: dict | None = None, log=pr
     for ckpt in resume_candidates(run_dir, log=log):
         try:
             verify_checkpoint(ckpt)
-            cfg = from_dict(TrainConfig, resumed_config(read_yaml_file(ckpt / "train_config.yaml"), overrides or {}))
+            saved = read_yaml_file(ckpt / "train_config.yaml")
+            cfg = from_dict(TrainConfig, resumed_config(saved, overrides or {}, run_dir))
+            if "out" in (overrides or {}):   # the run's own folder (checked above), recorded as it was
+                cfg = replace(cfg, out=saved.get("out", cfg.out))
             trainer = Trainer(cfg, run_dir=run_dir, log=log, resume_from=ckpt)
         except CheckpointError as e:
             problems.append(f"{ckpt.name}: {e}")
