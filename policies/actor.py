@@ -19,17 +19,20 @@ from . import flow
 from .inference import CompileMode, Denoiser
 from .model import FlowPolicy, Prefix
 from .normalize import NormStats, actions_from_model, actions_to_model, state_to_model
-from .ranges import check_ranges, positive, ranged
+from .ranges import check_ranges, positive, ranged, setting
 
 
 @dataclass(frozen=True)
 class SamplerConfig:
     """How action chunks are drawn: ``num_steps`` (K) denoising steps with ``method``."""
 
-    num_steps: int = ranged(4, 1)
-    method: Literal["ode", "sde", "noise"] = "ode"
-    noise_level: float = positive(0.5)
-    sde_mode: Literal["all", "mixed"] = "mixed"
+    num_steps: int = ranged(4, 1, doc="K: denoising steps from noise (t = 1) to an action chunk (t = 0)")
+    method: Literal["ode", "sde", "noise"] = setting(
+        "ode", doc="ode: deterministic given the initial noise (a deployed policy's sampler); sde: Flow-SDE; noise: "
+                   "Flow-Noise (a learned noise head); RL needs sde or noise, which have a likelihood (docs/flow.md)")
+    noise_level: float = positive(0.5, doc="Flow-SDE's noise scale a: sigma_t = a sqrt(t / (1 - t))")
+    sde_mode: Literal["all", "mixed"] = setting(
+        "mixed", doc="Flow-SDE: all = every denoising step stochastic; mixed = one random step per chunk, the rest ODE")
 
     def __post_init__(self):
         check_ranges(self)

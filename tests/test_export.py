@@ -390,7 +390,7 @@ def test_export_of_the_demo_policy_describes_its_robot_and_sampler(tmp_path):
     from vla_rl.config import to_dict
     from vla_rl.demo import DemoConfig
 
-    demo = DemoConfig(num_steps=4, execute=6)
+    demo = DemoConfig(sampler=SamplerConfig(num_steps=4), execute=6)
     meta = {"env": {"name": "builtin/color_reach", "state_dim": 4, "action_dim": 2}, "demo": to_dict(demo)}
     src, _, _ = policy_folder(tmp_path / "demo" / "sft", meta=meta)
     out = export_policy(src, tmp_path / "robot", dtype="fp32")

@@ -182,5 +182,5 @@ def test_cli_bench_runs_the_reduced_protocol_and_resumes(sft_policy, tmp_path, c
     assert "done earlier, kept" in capsys.readouterr().out
     assert (out / "tasks" / "libero_spatial" / "0.json").read_bytes() == before
     # Other settings into the same folder are refused before any work.
-    assert main([*args[:-1], "num_steps=2", "progress=false"]) == 2
+    assert main([*args[:-1], "sampler.num_steps=2", "progress=false"]) == 2
     assert "made with other settings (num_steps)" in capsys.readouterr().err

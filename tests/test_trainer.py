@@ -165,21 +165,24 @@ def test_cli_train_and_eval(sft_checkpoint, tmp_path, capsys):
 
 
 def test_eval_with_the_stochastic_samplers(sft_checkpoint, monkeypatch, capsys):
-    """``vla-rl eval CKPT method=noise`` (or sde) evaluates the stochastic policy RL trains; ODE by default."""
+    """``vla-rl eval CKPT sampler.method=noise`` (or sde) evaluates the stochastic policy RL trains; ODE by default;
+    the flat spelling of earlier versions (``method=noise``) is refused with the new one."""
     import vla_rl.eval.evaluate as ev
 
     seen, real = [], ev.evaluate_episodes
     monkeypatch.setattr(ev, "evaluate_episodes", lambda *a, **k: seen.append(k["sampler"]) or real(*a, **k))
     base = {"episodes": 4, "num_envs": 4}
     m_ode = ev.evaluate_checkpoint(sft_checkpoint, base)
-    m_sde = ev.evaluate_checkpoint(sft_checkpoint, {**base, "method": "sde", "noise_level": 0.8,
-                                                    "sde_mode": "all"})
-    ev.evaluate_checkpoint(sft_checkpoint, {**base, "method": "noise", "num_steps": 2})
+    m_sde = ev.evaluate_checkpoint(sft_checkpoint, {**base, "sampler": {"method": "sde", "noise_level": 0.8,
+                                                                        "sde_mode": "all"}})
+    ev.evaluate_checkpoint(sft_checkpoint, {**base, "sampler": {"method": "noise", "num_steps": 2}})
     assert [(s.method, s.num_steps) for s in seen] == [("ode", 4), ("sde", 4), ("noise", 2)]
     assert (seen[1].noise_level, seen[1].sde_mode) == (0.8, "all")
     assert m_ode["eval/episodes"] == m_sde["eval/episodes"] == 4
-    assert cli_main(["eval", str(sft_checkpoint), "method=euler"]) == 2
+    assert cli_main(["eval", str(sft_checkpoint), "sampler.method=euler"]) == 2
     assert "method" in capsys.readouterr().err
+    assert cli_main(["eval", str(sft_checkpoint), "method=noise"]) == 2
+    assert "method is now sampler.method: write sampler.method=noise instead" in capsys.readouterr().err
 
 
 def test_grpo_chunk_advantages_by_hand():

@@ -297,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     train.set_defaults(func=_train)
 
     ev = sub.add_parser("eval", help="evaluate a checkpoint folder with the deterministic ODE sampler",
-                        description="Overrides: episodes=200 seed=5 num_steps=10 execute=4 num_envs=50")
+                        description="Overrides: episodes=200 seed=5 sampler.num_steps=10 execute=4 num_envs=50 "
+                                    "sampler.method=noise (--help-config lists them all)")
     ev.add_argument("checkpoint", help="a policy or training checkpoint folder")
     ev.add_argument("--libero", metavar="SUITES", help=argparse.SUPPRESS)   # moved to `vla-rl bench`
     ev.add_argument("overrides", nargs="*", help="key=value overrides")
@@ -389,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
                         description="Suites: libero_spatial, libero_object, libero_goal, libero_10, libero_90, "
                                     "libero_4 (the four the πRL paper averages), maniskill:mp (tasks with motion-"
                                     "planner demos) or maniskill:PickCube-v1,PushCube-v1. Overrides: episodes=50 "
-                                    "tasks=[0,3] workers=4 num_steps=4 execute=8 seed=10000 videos=1 "
+                                    "tasks=[0,3] workers=4 sampler.num_steps=4 execute=8 seed=10000 videos=1 "
                                     "out=runs/bench device=cpu env.image_orientation=rot180 ... An interrupted "
                                     "bench resumes (finished tasks are kept).")
     be.add_argument("checkpoint", nargs="?", help="a policy or training checkpoint folder")

@@ -3,30 +3,33 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from vla_rl.config import check_ranges, nonneg, positive, ranged
+from vla_rl.config import check_ranges, nonneg, positive, ranged, setting
 from vla_rl.data.dataset import DemoDataset, drop_idle_frames
 from vla_rl.policies import flow
 from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.progress import progress as progress_bar
-from vla_rl.threads import local_worker_processes, policy_threads, torch_threads
+from vla_rl.threads import local_worker_processes, policy_threads, threads_setting, torch_threads
 
 
 @dataclass(frozen=True)
 class SFTConfig:
-    steps: int = ranged(2000, 1)
-    batch_size: int = ranged(64, 1)
-    lr: float = ranged(3e-4, 0, 1, lo_open=True)  # 1e-3 collapses the from-scratch vision features (measured)
-    weight_decay: float = nonneg(1e-4)
-    warmup_steps: int = nonneg(100)
-    grad_clip: float = positive(1.0)
-    seed: int = nonneg(0)
-    log_every: int = ranged(100, 1)
+    """The flow-matching training loop: AdamW, linear warm-up, then cosine decay to 10 % of ``lr``."""
+
+    steps: int = ranged(2000, 1, doc="optimizer steps")
+    batch_size: int = ranged(64, 1, doc="frames per step")
+    lr: float = ranged(3e-4, 0, 1, lo_open=True, doc="peak learning rate (1e-3 collapses the vision features of a "
+                                                      "model trained from scratch)")
+    weight_decay: float = nonneg(1e-4, doc="AdamW's weight decay")
+    warmup_steps: int = nonneg(100, doc="steps of the linear warm-up")
+    grad_clip: float = positive(1.0, doc="gradient norm clip")
+    seed: int = nonneg(0, doc="seed of the batches and the flow-matching noise")
+    log_every: int = ranged(100, 1, doc="steps per logged mean loss")
 
     def __post_init__(self):
         check_ranges(self)
@@ -95,34 +98,38 @@ def train_sft(actor: Actor, data: DemoDataset, cfg: SFTConfig, *, progress: bool
 
 @dataclass(frozen=True)
 class SFTRunConfig:
-    """``vla-rl sft DATASET`` settings (DATASET: a LeRobot v3.0 / v2.x folder, see :mod:`vla_rl.data.lerobot`, or a
-    ManiSkill trajectory ``.h5`` with state observations, see :mod:`vla_rl.data.maniskill_demos`)."""
+    """``vla-rl sft DATASET`` settings (DATASET: a LeRobot v3.0 / v2.x folder, see
+    :mod:`vla_rl.data.lerobot`, or a ManiSkill trajectory ``.h5`` with state observations, see
+    :mod:`vla_rl.data.maniskill_demos`)."""
 
-    model: str = "tiny"                    # model preset (configs/model) ...
-    policy: dict[str, Any] = field(default_factory=dict)  # ... with these PolicyConfig overrides (policy.depth=2)
-    init: str | None = None                # or start from this policy folder (ours, an imported or a LeRobot
-                                           # π0 / π0.5 folder): its architecture and weights, new statistics
-    steps: int = ranged(500, 1)
-    batch_size: int = ranged(64, 1)
-    lr: float = ranged(3e-4, 0, 1, lo_open=True)
-    warmup_steps: int = nonneg(100)
-    norm: Literal["mean_std", "quantile"] = "mean_std"
-    seed: int = nonneg(0)
-    out: str = "runs/sft"
-    max_episodes: int | None = ranged(None, 1)   # few-shot: train on the first N episodes only (None: all)
-    idle_threshold: float | None = positive(None)  # drop idle frames (arm |a| below this, gripper unchanged; see
-                                           # data.idle_frames), e.g. 0.02 for ManiSkill motion-planner demos
-    hidden_state_dims: str | int | list[int] | None = nonneg(None)  # state dims the policy never sees (set to 0
-                                           # after normalising, here and in RL / eval): "9-17" hides
-                                           # ManiSkill Panda's joint velocities (see NormStats)
-    eval_episodes: int = nonneg(100)       # datasets that name their env (built-in, ManiSkill); 0 skips it
-    eval_num_envs: int | None = ranged(None, 1)  # None: 100 built-in envs, 2 ManiSkill worker processes
-    eval_seed: int | None = nonneg(None)   # None: 10_000 + seed (disjoint from the collection seeds)
-    num_steps: int = ranged(4, 1)          # ODE steps of the evaluation
-    execute: int = ranged(8, 1)            # actions executed per chunk in the evaluation
-    # torch threads of this process: "auto" = the cores idle at the start less one per env worker process (at
-    # least 1), or a number (1 when several jobs start together on one machine); see vla_rl.threads
-    threads: int | Literal["auto"] = ranged("auto", 1)
+    MOVED = {"num_steps": "sampler.num_steps"}
+
+    model: str = setting("tiny", doc="model preset (configs/model), sized to the data's cameras and dims")
+    policy: dict[str, Any] = setting(default_factory=dict,
+                                     doc="PolicyConfig overrides of the preset (e.g. policy.depth=2)")
+    init: str | None = setting(None, doc="or start from this policy folder (ours, an imported or a LeRobot π0 / π0.5 "
+                                         "folder): its architecture and weights, new normalisation statistics")
+    steps: int = ranged(500, 1, doc="optimizer steps")
+    batch_size: int = ranged(64, 1, doc="frames per step")
+    lr: float = ranged(3e-4, 0, 1, lo_open=True, doc="peak learning rate")
+    warmup_steps: int = nonneg(100, doc="steps of the linear warm-up")
+    norm: Literal["mean_std", "quantile"] = setting("mean_std", doc="how states and actions are normalised")
+    seed: int = nonneg(0, doc="seed of the weights, the batches and the noise")
+    out: str = setting("runs/sft", doc="the policy folder to write")
+    max_episodes: int | None = ranged(None, 1, doc="few-shot: train on the first N episodes only (None: all)")
+    idle_threshold: float | None = positive(
+        None, doc="drop idle frames (arm |a| below this, gripper unchanged; see data.dataset.idle_frames), e.g. 0.02 "
+                  "for ManiSkill motion-planner demos")
+    hidden_state_dims: str | int | list[int] | None = nonneg(
+        None, doc='state dims the policy never sees (0 after normalising, here and in RL / eval): "9-17" hides '
+                  "ManiSkill Panda's joint velocities (see NormStats)")
+    eval_episodes: int = nonneg(100, doc="evaluation episodes after training, for datasets that name their env "
+                                         "(built-in, ManiSkill); 0 skips it")
+    eval_num_envs: int | None = ranged(None, 1, doc="None: 100 built-in envs, 2 ManiSkill worker processes")
+    eval_seed: int | None = nonneg(None, doc="None: 10_000 + seed (disjoint from the collection seeds)")
+    sampler: SamplerConfig = setting(default_factory=SamplerConfig, doc="the evaluation's sampler (ODE by default)")
+    execute: int = ranged(8, 1, doc="actions executed per chunk in the evaluation")
+    threads: int | Literal["auto"] = threads_setting()
 
     def __post_init__(self):
         check_ranges(self)
@@ -265,12 +272,12 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True, ov
             actor = Actor.for_env(model, norm, env.spec)
             threads = policy_threads(cfg.threads, worker_processes=local_worker_processes([env]))
             with torch_threads(threads):
-                m = evaluate(actor, env, num_episodes=cfg.eval_episodes, sampler=SamplerConfig(cfg.num_steps, "ode"),
+                m = evaluate(actor, env, num_episodes=cfg.eval_episodes, sampler=cfg.sampler,
                              execute=cfg.execute, seed=eval_seed, progress=progress)
         finally:
             if hasattr(env, "close"):
                 env.close()
         results["eval"] = m
-        print(f"success (ODE sampler, {cfg.eval_episodes} episodes, seeds {eval_seed}...): "
+        print(f"success ({cfg.sampler.method.upper()} sampler, {cfg.eval_episodes} episodes, seeds {eval_seed}...): "
               f"{m['eval/success_once']:.2f}")
     return results

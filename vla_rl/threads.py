@@ -22,6 +22,8 @@ from typing import Literal
 
 import torch
 
+from vla_rl.config import ranged
+
 Threads = int | Literal["auto"]
 
 # A core counts as idle when less than this fraction of it is busy elsewhere: background daemons (a few % of a
@@ -108,6 +110,13 @@ def measured_busy_cores() -> float:
     if _last_load is None or now - _last_load[0] > LOAD_REUSE_S:
         _last_load = (now, busy_cores())
     return _last_load[1]
+
+
+def threads_setting():
+    """The ``threads`` field of a job's config."""
+    return ranged("auto", 1, doc="torch threads of this process: auto = the cores idle at the start less one per env "
+                                 "worker process (at least 1), or a number (1 when several jobs start together on one "
+                                 "machine); see vla_rl/threads.py")
 
 
 def policy_threads(setting: Threads, *, worker_processes: int = 0, cores: int | None = None,

@@ -30,20 +30,20 @@ import re
 import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
 from vla_rl.checkpoint.folders import read_yaml_file
-from vla_rl.config import ConfigError, check_ranges, from_dict, nonneg, positive, to_dict
+from vla_rl.config import ConfigError, check_ranges, from_dict, nonneg, positive, setting, to_dict
 from vla_rl.env_factory import EnvConfig, make_env
 from vla_rl.envs.worker_pool import WorkerError
 from vla_rl.eval.evaluate import checkpoint_env_config, evaluate_episodes
 from vla_rl.eval.paired import paired_difference
 from vla_rl.policies.actor import Actor, SamplerConfig
-from vla_rl.threads import local_worker_processes, policy_threads, torch_threads
+from vla_rl.threads import local_worker_processes, policy_threads, threads_setting, torch_threads
 
 LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
 SUITE_SETS = {"libero_4": ("libero_spatial", "libero_object", "libero_goal", "libero_10")}
@@ -58,28 +58,34 @@ class BenchError(ValueError):
 class BenchConfig:
     """``vla-rl bench CHECKPOINT --suite S`` settings."""
 
-    suite: str = "libero_4"              # a LIBERO suite, libero_4, or maniskill:<list name | comma-separated ids>
-    tasks: list[int | str] | None = None  # a subset: LIBERO task ids, ManiSkill task ids
-    episodes: int | None = positive(None)  # per task; None: 50 (LIBERO's official count; ManiSkill too)
-    workers: int = positive(1)           # envs stepped together (worker processes for LIBERO / ManiSkill on CPU)
-    num_steps: int = positive(4)         # ODE denoising steps
-    execute: int | None = positive(None)  # actions run per chunk; None: the whole chunk
-    seed: int = nonneg(10_000)           # ManiSkill: reset seeds seed + k; both: the sampler's noise seeds
-    device: str = "cpu"
-    dtype: Literal["fp32", "bf16"] = "fp32"   # the policy's weights (docs/speed.md)
-    compile: Literal["none", "compile", "cudagraph"] = "none"   # how the denoising loop runs (docs/speed.md)
-    videos: int = nonneg(1)              # episodes recorded per task (one frame per chunk); 0: none
+    MOVED = {"num_steps": "sampler.num_steps"}
+
+    suite: str = setting("libero_4", doc="a LIBERO suite, libero_4 (the four the πRL paper averages), or "
+                                         "maniskill:<mp | comma-separated task ids>")
+    tasks: list[int | str] | None = setting(None, doc="a subset: LIBERO task ids, ManiSkill task ids")
+    episodes: int | None = positive(None, doc="per task; None: 50 (LIBERO's official count; ManiSkill too)")
+    workers: int = positive(1, doc="envs stepped together (worker processes for LIBERO / ManiSkill on CPU)")
+    sampler: SamplerConfig = setting(default_factory=SamplerConfig,
+                                     doc="the deterministic ODE sampler (method ode) and its denoising steps")
+    execute: int | None = positive(None, doc="actions run per chunk; None: the whole chunk")
+    seed: int = nonneg(10_000, doc="ManiSkill: reset seeds seed + k; both: the sampler's noise seeds")
+    device: str = setting("cpu", doc="cpu, cuda or cuda:<index>")
+    dtype: Literal["fp32", "bf16"] = setting("fp32", doc="the policy's weights (docs/speed.md)")
+    compile: Literal["none", "compile", "cudagraph"] = setting("none", doc="how the denoising loop runs "
+                                                                           "(docs/speed.md)")
+    videos: int = nonneg(1, doc="episodes recorded per task (one frame per chunk); 0: none")
     video_format: Literal["mp4", "gif"] = "mp4"
-    out: str = "runs/bench"
-    env: dict[str, Any] = field(default_factory=dict)  # simulator settings (LiberoConfig / ManiSkillConfig fields)
-    progress: bool = True
-    # torch threads of this process: "auto" = the cores idle at the start less one per env worker process (at
-    # least 1), or a number (1 when several jobs start together on one machine); see vla_rl.threads
-    threads: int | Literal["auto"] = positive("auto")
+    out: str = setting("runs/bench", doc="the bench folder (an interrupted bench resumes there)")
+    env: dict[str, Any] = setting(default_factory=dict,
+                                  doc="simulator settings (LiberoConfig / ManiSkillConfig fields)")
+    progress: bool = setting(True, doc="report each task's episodes as they end")
+    threads: int | Literal["auto"] = threads_setting()
 
     def __post_init__(self):
         check_ranges(self)
         suite_names(self.suite)   # refuses an unknown suite before any work
+        if self.sampler.method != "ode":
+            raise ConfigError(f"sampler.method={self.sampler.method}: a bench runs the deterministic ODE sampler")
 
     @property
     def episodes_per_task(self) -> int:
@@ -187,7 +193,7 @@ def _write_json_atomic(path: Path, doc: dict) -> None:
 
 def _identity(cfg: BenchConfig, weights: str) -> dict:
     """What must match for an earlier task result to count in this bench (not the workers or the output)."""
-    ident = {"weights_sha256": weights, "num_steps": cfg.num_steps, "execute": cfg.execute, "seed": cfg.seed,
+    ident = {"weights_sha256": weights, "num_steps": cfg.sampler.num_steps, "execute": cfg.execute, "seed": cfg.seed,
              "episodes": cfg.episodes_per_task, "env": dict(cfg.env)}
     if cfg.dtype != "fp32":   # named only when not the default, so benches written before the option still match
         ident["dtype"] = cfg.dtype
@@ -222,7 +228,7 @@ def run_task(actor_for, task: BenchTask, cfg: BenchConfig, out: Path, log) -> di
 
         with torch_threads(policy_threads(cfg.threads, worker_processes=local_worker_processes([env]))):
             records = evaluate_episodes(actor, env, num_episodes=task.episodes,
-                                        sampler=SamplerConfig(cfg.num_steps, "ode"), execute=cfg.execute,
+                                        sampler=cfg.sampler, execute=cfg.execute,
                                         seed=task.seed, videos=cfg.videos, progress=progress)
     finally:
         env.close()
@@ -326,7 +332,12 @@ def equivalent_command(checkpoint: str | Path, cfg: BenchConfig) -> str:
         value = getattr(cfg, f.name)
         if f.name == "suite" or value == getattr(default, f.name):
             continue
-        items = value.items() if f.name == "env" else [(None, value)]
+        if f.name == "env":
+            items = value.items()
+        elif f.name == "sampler":   # the section's keys that differ from their defaults
+            items = [(k, v) for k, v in to_dict(value).items() if v != getattr(default.sampler, k)]
+        else:
+            items = [(None, value)]
         for key, v in items:
             text = v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
             words.append(f"{f.name}.{key}={text}" if key else f"{f.name}={text}")

@@ -6,16 +6,16 @@ import contextlib
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from vla_rl.config import check_ranges, nonneg, positive, ranged, resolve_device
+from vla_rl.config import check_ranges, nonneg, ranged, resolve_device, setting
 from vla_rl.env_factory import EnvConfig, env_identity, make_env
 from vla_rl.policies.actor import Actor, SamplerConfig
-from vla_rl.threads import local_worker_processes, policy_threads, torch_threads
+from vla_rl.threads import local_worker_processes, policy_threads, threads_setting, torch_threads
 
 EPISODE_METRICS = ("success_once", "success_at_end", "return", "length")
 
@@ -143,35 +143,31 @@ def episode_progress(total: int, *, enabled: bool, desc: str = "eval"):
 class EvalConfig:
     """``vla-rl eval`` settings; the env comes from the checkpoint unless ``env`` overrides fields."""
 
-    episodes: int = ranged(100, 1)
-    seed: int = nonneg(10_000)
-    num_steps: int = ranged(4, 1)
-    execute: int = ranged(8, 1)
-    num_envs: int = ranged(100, 1)
-    device: str = "cpu"
-    # Inference runtime (docs/speed.md): bf16 weights, and how the ODE sampler's loop runs (none, compile,
-    # cudagraph; a mode that cannot run here falls back to the eager loop with a warning).
-    dtype: Literal["fp32", "bf16"] = "fp32"
-    compile: Literal["none", "compile", "cudagraph"] = "none"
-    env: dict[str, Any] = field(default_factory=dict)  # fields of the checkpoint's env config to override
-    # The sampler: "ode" (deterministic given the initial noise; the default, as in training's evaluation
-    # by default) or the stochastic policy RL trained: method=sde (with noise_level, sde_mode) or method=noise.
-    # An RL update can improve the stochastic policy before its ODE counterpart (docs/notes.md).
-    method: Literal["ode", "sde", "noise"] = "ode"
-    noise_level: float = positive(SamplerConfig.noise_level)
-    sde_mode: Literal["all", "mixed"] = SamplerConfig.sde_mode
-    # A JSON file for the per-episode results (seed, env index, success, return, length) and the summary:
-    # `vla-rl compare` pairs two such files episode by episode.
-    out: str | None = None
-    # Videos of the first `videos` episodes (one frame per chunk; camera images, or a rendering for state-only
-    # envs), named by episode seed and outcome, into `video_dir` (default: beside `out`, else runs/eval_videos).
-    videos: int = nonneg(0)
-    video_dir: str | None = None
+    MOVED = {k: f"sampler.{k}" for k in ("num_steps", "method", "noise_level", "sde_mode")}
+
+    episodes: int = ranged(100, 1, doc="episodes to evaluate (each env's first episode counts)")
+    seed: int = nonneg(10_000, doc="reset seed of the first round (round r: seed + r x num_envs)")
+    sampler: SamplerConfig = setting(
+        default_factory=SamplerConfig,
+        doc="how chunks are drawn: the deterministic ODE sampler by default, or the stochastic policy RL trained "
+            "(method=sde or noise), which an RL update can improve before its ODE counterpart (docs/notes.md)")
+    execute: int = ranged(8, 1, doc="actions executed of each chunk")
+    num_envs: int = ranged(100, 1, doc="envs stepped together (at most episodes)")
+    device: str = setting("cpu", doc="cpu, cuda or cuda:<index>")
+    dtype: Literal["fp32", "bf16"] = setting("fp32", doc="the policy's weights (docs/speed.md)")
+    compile: Literal["none", "compile", "cudagraph"] = setting(
+        "none", doc="how the ODE sampler's loop runs; a mode that cannot run here falls back to the eager loop with "
+                    "a warning (docs/speed.md)")
+    env: dict[str, Any] = setting(default_factory=dict, doc="fields of the checkpoint's env config to override")
+    out: str | None = setting(
+        None, doc="a JSON file for the per-episode results (seeds, env index, success, return, length) and the "
+                  "summary; `vla-rl compare` pairs two such files episode by episode")
+    videos: int = nonneg(0, doc="videos of the first `videos` episodes (one frame per chunk; camera images, or a "
+                               "rendering for state-only envs), named by episode seed and outcome")
+    video_dir: str | None = setting(None, doc="where videos go (default: beside out, else runs/eval_videos)")
     video_format: Literal["mp4", "gif"] = "mp4"
-    progress: bool = True
-    # torch threads of this process: "auto" = the cores idle at the start less one per env worker process (at
-    # least 1), or a number (1 when several jobs start together on one machine); see vla_rl.threads
-    threads: int | Literal["auto"] = ranged("auto", 1)
+    progress: bool = setting(True, doc="show the episodes done")
+    threads: int | Literal["auto"] = threads_setting()
 
     def __post_init__(self):
         check_ranges(self)
@@ -228,7 +224,7 @@ def resolve_checkpoint(path: str | Path, log=print) -> Path:
 def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, *, overwrite: bool = False,
                         log=print) -> dict[str, float]:
     """Evaluate a policy or training checkpoint folder, or a run folder's newest checkpoint (the ODE sampler
-    unless ``method`` says otherwise); with ``out`` set, also write the per-episode results there
+    unless ``sampler.method`` says otherwise); with ``out`` set, also write the per-episode results there
     (:func:`write_episode_file`; an existing file is refused before any work unless ``overwrite``)."""
     from vla_rl.config import from_dict
     from vla_rl.outputs import EVAL_FILE, check_output
@@ -244,10 +240,9 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, *, over
                                  seed=cfg.seed, dtype=cfg.dtype, compile=cfg.compile)
 
     try:
-        sampler = SamplerConfig(cfg.num_steps, cfg.method, noise_level=cfg.noise_level, sde_mode=cfg.sde_mode)
         threads = policy_threads(cfg.threads, worker_processes=local_worker_processes([env]))
         with torch_threads(threads), episode_progress(cfg.episodes, enabled=cfg.progress) as report:
-            records = evaluate_episodes(actor, env, num_episodes=cfg.episodes, sampler=sampler,
+            records = evaluate_episodes(actor, env, num_episodes=cfg.episodes, sampler=cfg.sampler,
                                         execute=cfg.execute, seed=cfg.seed, videos=cfg.videos, progress=report)
     finally:
         env.close()

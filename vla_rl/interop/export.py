@@ -147,7 +147,7 @@ def spec_defaults(folder: Path, cfg: PolicyConfig, norm: NormStats, config: dict
     sampler = _section(train, "sampler")
     state_dim, action_dim = norm.state.mean.shape[0], norm.action.mean.shape[0]
     execute = train.get("execute", sft.get("execute", demo.get("execute", cfg.action_horizon)))
-    num_steps = sampler.get("num_steps", sft.get("num_steps", demo.get("num_steps")))
+    num_steps = next((k for k in (sampler.get("num_steps"), _num_steps(sft), _num_steps(demo)) if k is not None), None)
     unknown = [] if num_steps is not None else ["num_steps"]
     out_fields = {"state_dim": state_dim, "action_dim": action_dim, "action_horizon": cfg.action_horizon,
                   "execute": min(int(execute), cfg.action_horizon),
@@ -163,6 +163,12 @@ def spec_defaults(folder: Path, cfg: PolicyConfig, norm: NormStats, config: dict
     if (folder / "trainer_state.yaml").is_file():
         source["iteration"] = read_yaml_file(folder / "trainer_state.yaml").get("iteration")
     return {**out_fields, **described, "source": source}
+
+
+def _num_steps(job: dict) -> int | None:
+    """The K an SFT or demo config recorded: ``sampler.num_steps``, or ``num_steps`` in folders written before the
+    sampler section."""
+    return _section(job, "sampler").get("num_steps", job.get("num_steps"))
 
 
 # ----------------------------------------------------------------------------------------------------
