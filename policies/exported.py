@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,7 +39,7 @@ from .inference import CompileMode, Denoiser, cast_weights
 from .layers import resize_with_pad
 from .model import FlowPolicy
 from .normalize import NormStats, actions_from_model, state_to_model
-from .ranges import ConfigError
+from .ranges import ConfigError, setting
 from .schema import from_dict, to_dict
 from .tokenizer import SentencePieceTokenizer, TokenizerError
 
@@ -93,24 +93,24 @@ class CameraSpec:
 class ExportSpec:
     """What a robot needs to know to run the policy (``spec.json``)."""
 
-    state_dim: int                      # s: state values the robot sends, in its units
-    action_dim: int                     # a: action values per step the policy returns, in the robot's units
-    action_horizon: int                 # H: actions per chunk (the policy's; checked against its config)
-    execute: int                        # actions of each chunk to run before asking for the next one
-    num_steps: int                      # K: ODE denoising steps per chunk
-    sampler: Literal["ode"] = "ode"
-    action_low: float | None = -1.0     # actions are clipped to [action_low, action_high]; None: not clipped
-    action_high: float | None = 1.0
-    control_mode: str = "unknown"
-    state_names: tuple[str, ...] = ()   # empty, or one per state value
-    state_units: tuple[str, ...] = ()
-    action_names: tuple[str, ...] = ()
-    action_units: tuple[str, ...] = ()
-    cameras: tuple[CameraSpec, ...] = ()
-    instruction: str | None = None      # used when an observation carries no prompt
-    max_image_side: int = 2048          # larger images are refused (smaller ones of any size are resized)
-    notes: str = ""                     # conventions a person must know (gripper sign, image orientation)
-    source: dict[str, Any] = field(default_factory=dict)  # where the policy came from (informational)
+    state_dim: int = setting(doc="s: state values the robot sends, in its units")
+    action_dim: int = setting(doc="a: action values per step the policy returns, in the robot's units")
+    action_horizon: int = setting(doc="H: actions per chunk (the policy's; checked against its config)")
+    execute: int = setting(doc="actions of each chunk to run before asking for the next one")
+    num_steps: int = setting(doc="K: ODE denoising steps per chunk")
+    sampler: Literal["ode"] = setting("ode", doc="the deterministic ODE sampler")
+    action_low: float | None = setting(-1.0, doc="actions are clipped to [action_low, action_high]; None: not clipped")
+    action_high: float | None = setting(1.0, doc="upper clip bound of actions; None: not clipped")
+    control_mode: str = setting("unknown", doc="what an action means on the robot (e.g. maniskill:pd_ee_delta_pose)")
+    state_names: tuple[str, ...] = setting((), doc="empty, or one per state value")
+    state_units: tuple[str, ...] = setting((), doc="empty, or one unit per state value")
+    action_names: tuple[str, ...] = setting((), doc="empty, or one per action value")
+    action_units: tuple[str, ...] = setting((), doc="empty, or one unit per action value")
+    cameras: tuple[CameraSpec, ...] = setting((), doc="each camera: name, height, width, aliases")
+    instruction: str | None = setting(None, doc="used when an observation carries no prompt")
+    max_image_side: int = setting(2048, doc="larger images are refused (smaller ones of any size are resized)")
+    notes: str = setting("", doc="conventions a person must know (gripper sign, image orientation)")
+    source: dict[str, Any] = setting(default_factory=dict, doc="where the policy came from (informational)")
 
     def __post_init__(self):
         problems = []

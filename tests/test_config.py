@@ -58,6 +58,20 @@ def test_field_docs_are_the_help_text_and_moved_keys_name_their_new_place():
     assert from_dict(Documented, {"inner": {"rate": 0.5}}).inner.rate == 0.5
 
 
+def test_every_command_lists_its_settings(capsys):
+    from vla_rl.cli import CONFIGS, main
+
+    for command in CONFIGS:
+        with pytest.raises(SystemExit) as stop:
+            main([command, "--help-config"])
+        assert stop.value.code == 0
+        out = capsys.readouterr().out
+        assert f"`vla-rl {command}` settings" in out and " = " in out
+    with pytest.raises(SystemExit):
+        main(["eval", "--help-config"])
+    assert "sampler.method: 'ode' | 'sde' | 'noise' = 'ode'\n    ode: deterministic" in capsys.readouterr().out
+
+
 def test_overrides_parse_values_as_yaml():
     assert parse_overrides(["inner.width=3", "mode=b", "name=null", "x=[1, 2]"]) == {
         "inner": {"width": 3}, "mode": "b", "name": None, "x": [1, 2]}

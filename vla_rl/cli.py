@@ -412,6 +412,9 @@ def main(argv: list[str] | None = None) -> int:
                                                               "(also: VLA_RL_DEBUG=1)")
     for name, p in sub.choices.items():
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
+        if name in CONFIGS:
+            p.add_argument("--help-config", action=HelpConfig, command=name,
+                           help="list every key=value setting: type, default, valid range, what it does")
         if name in WRITERS:
             p.add_argument("--overwrite", action="store_true",
                            help=f"replace {WRITERS[name]} if it already holds something (refused otherwise)")
@@ -453,6 +456,31 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"vla-rl: {kind} error: {one_line(str(e))}{advice(kind, args)}", file=sys.stderr)
         return 2
+
+
+# The config class of each command's key=value overrides (module, class), imported only when its fields are listed.
+CONFIGS = {"demo": ("vla_rl.demo", "DemoConfig"), "train": ("vla_rl.train.trainer", "TrainConfig"),
+           "eval": ("vla_rl.eval.evaluate", "EvalConfig"), "sft": ("vla_rl.sft", "SFTRunConfig"),
+           "collect": ("vla_rl.data.collect", "CollectConfig"), "bench": ("vla_rl.eval.bench", "BenchConfig"),
+           "import": ("vla_rl.policies.config", "PolicyConfig"), "export": ("vla_rl.policies.exported", "ExportSpec")}
+
+
+class HelpConfig(argparse.Action):
+    """``--help-config``: print every key=value setting of the command (key, type, default, range, doc) and exit."""
+
+    def __init__(self, option_strings, dest, command: str, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+        self.command = command
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import importlib
+
+        from vla_rl.config import config_help
+
+        module, name = CONFIGS[self.command]
+        print(f"`vla-rl {self.command}` settings (key=value overrides; {name}):\n")
+        print(config_help(getattr(importlib.import_module(module), name)))
+        parser.exit()
 
 
 # What each writing command writes (``--overwrite`` replaces it; without, an output that holds anything is refused).

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Literal
 
 import torch
 
-from vla_rl.config import ConfigError, check_ranges, nonneg, positive
+from vla_rl.config import ConfigError, check_ranges, nonneg, positive, setting
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv, ColorReachSingleEnv
 from vla_rl.envs.libero import LiberoConfig
 from vla_rl.envs.maniskill import ManiSkillConfig
@@ -27,16 +27,16 @@ class EnvConfig:
     """Which simulator (``kind``), how many envs, and that simulator's own settings. Only the section named
     by ``kind`` is read; setting another section is an error (it would silently do nothing)."""
 
-    kind: Literal["builtin", "maniskill", "libero"] = "builtin"
-    num_envs: int = positive(64)
-    # Worker envs (ManiSkill on CPU, LIBERO): envs per worker process. None: one worker per CPU core.
-    envs_per_worker: int | None = positive(None)
-    # Restart a worker process that died (simulator crash, OOM kill) up to this many times per run; its envs
-    # are reset and their unfinished episodes dropped from the batch. 0: a dead worker stops the run.
-    restart_dead_workers: int = nonneg(0)
-    builtin: ColorReachConfig = field(default_factory=ColorReachConfig)
-    maniskill: ManiSkillConfig = field(default_factory=ManiSkillConfig)
-    libero: LiberoConfig = field(default_factory=LiberoConfig)
+    kind: Literal["builtin", "maniskill", "libero"] = setting("builtin", doc="which simulator")
+    num_envs: int = positive(64, doc="envs stepped together")
+    envs_per_worker: int | None = positive(
+        None, doc="Worker envs (ManiSkill on CPU, LIBERO): envs per worker process. None: one worker per CPU core.")
+    restart_dead_workers: int = nonneg(
+        0, doc="Restart a worker process that died (simulator crash, OOM kill) up to this many times per run; its "
+               "envs are reset and their unfinished episodes dropped from the batch. 0: a dead worker stops the run.")
+    builtin: ColorReachConfig = setting(default_factory=ColorReachConfig, doc="kind builtin: the ColorReach task")
+    maniskill: ManiSkillConfig = setting(default_factory=ManiSkillConfig, doc="kind maniskill: the ManiSkill3 task")
+    libero: LiberoConfig = setting(default_factory=LiberoConfig, doc="kind libero: the LIBERO suite and tasks")
 
     def __post_init__(self):
         check_ranges(self)
