@@ -14,10 +14,9 @@ import torch
 
 from vla_rl.config import check_ranges, nonneg, ranged, resolve_device, setting
 from vla_rl.env_factory import EnvConfig, env_identity, make_env
+from vla_rl.envs.base import EPISODE_METRICS
 from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.threads import local_worker_processes, policy_threads, threads_setting, torch_threads
-
-EPISODE_METRICS = ("success_once", "success_at_end", "return", "length")
 
 
 @torch.inference_mode()
