@@ -121,7 +121,7 @@ def synthetic_rollout(model: FlowPolicy, actor: Actor, n: int, method: str, k: i
         values = model.value(prefix).float()
     row = lambda x: x[None]  # noqa: E731   [N, ...] -> [T=1, N, ...]
     zeros = torch.zeros(1, n, device=device)
-    return Rollout(obs={key: row(obs[key]) for key in ("images", "state", "tokens", "token_mask")},
+    return Rollout(obs={key: row(obs[key]) for key in ("images", "image_mask", "state", "tokens", "token_mask")},
                    chain=row(s.chain), stochastic=row(s.stochastic), log_probs=row(s.log_probs), entropy=zeros,
                    values=row(values), rewards=torch.rand(1, n, generator=torch.Generator().manual_seed(2)).to(device),
                    terminated=zeros.bool(), truncated=zeros.bool(), success=zeros.bool(), final_values=zeros,

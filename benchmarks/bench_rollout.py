@@ -114,7 +114,6 @@ def policy_segment(actor, obs: dict, args):
     """The policy alone sampling one group's chunks (``--envs / 2`` envs) over and over: the env-steps/s it
     could feed if it had a core to itself (each chunk feeds ``envs / 2 * execute`` env-steps)."""
     from vla_rl.policies.actor import SamplerConfig
-    from vla_rl.rl.rollout import _model_inputs
 
     sampler = SamplerConfig(num_steps=args.steps, method="noise")
     half = {k: v[:args.envs // 2] for k, v in obs.items()}
@@ -125,9 +124,7 @@ def policy_segment(actor, obs: dict, args):
         t0 = time.perf_counter()
         with torch.inference_mode():
             while True:
-                prefix = actor.model.encode_prefix(_model_inputs(actor, half))
-                actor.act(half, sampler, prefix=prefix, generator=gen)
-                actor.model.value(prefix)
+                actor.act(actor.observe(half), sampler, generator=gen)   # the value too, as a rollout does
                 steps += len(half["state"]) * args.execute
                 elapsed = time.perf_counter() - t0
                 if elapsed >= seconds:

@@ -81,7 +81,8 @@ def test_exported_actions_equal_the_training_actor(source, exports):
     batch = {"images": torch.from_numpy(np.stack([o["image"] for o in obs]))[:, None],
              "state": torch.from_numpy(np.stack([o["state"] for o in obs])), "instruction": [o["prompt"] for o in obs]}
     with torch.inference_mode():
-        want = actor.act(batch, SamplerConfig(num_steps=3), generator=torch.Generator().manual_seed(7)).actions
+        want = actor.act(actor.observe(batch), SamplerConfig(num_steps=3),
+                         generator=torch.Generator().manual_seed(7)).actions
     got = policy.infer({"image": batch["images"][:, 0].numpy(), "state": batch["state"].numpy(),
                         "prompt": batch["instruction"]}, seed=7)
     assert got.shape == (3, 8, 2) and got.dtype == np.float32

@@ -160,7 +160,8 @@ def test_actor_chunk_with_a_fallback_mode_equals_act():
     sampler = SamplerConfig(6, "ode")
     with torch.inference_mode(), pytest.warns(RuntimeWarning, match="CUDA"):
         fast = Actor(model, norm, compile="cudagraph").chunk(obs, sampler, generator=torch.Generator().manual_seed(5))
-        reference = Actor(model, norm).act(obs, sampler, generator=torch.Generator().manual_seed(5)).actions
+        plain = Actor(model, norm)
+        reference = plain.act(plain.observe(obs), sampler, generator=torch.Generator().manual_seed(5)).actions
     assert torch.equal(fast, reference)
 
 
@@ -281,12 +282,12 @@ def test_actor_chunk_through_a_cuda_graph_equals_act():
         norm = NormStats(Stats.identity(model.cfg.state_dim), Stats.identity(model.cfg.action_dim))
         obs = {k: v.cuda() if torch.is_tensor(v) else v for k, v in make_obs(model.cfg, 4).items()}
         sampler = SamplerConfig(10, "ode")
-        graphed = Actor(model, norm, compile="cudagraph")
+        graphed, plain = Actor(model, norm, compile="cudagraph"), Actor(model, norm)
         with torch.inference_mode():
             for seed in (0, 1):
                 fast = graphed.chunk(obs, sampler, generator=torch.Generator("cuda").manual_seed(seed))
-                reference = Actor(model, norm).act(obs, sampler,
-                                                   generator=torch.Generator("cuda").manual_seed(seed)).actions
+                reference = plain.act(plain.observe(obs), sampler,
+                                      generator=torch.Generator("cuda").manual_seed(seed)).actions
                 assert (fast - reference).abs().max().item() <= 1e-5
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old

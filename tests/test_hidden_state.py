@@ -50,7 +50,8 @@ def _act(actor, state):
     obs = {"images": torch.zeros(len(state), 0, 32, 32, 3, dtype=torch.uint8), "state": state,
            "instruction": ["go"] * len(state)}
     with torch.inference_mode():
-        return actor.act(obs, SamplerConfig(num_steps=2), generator=torch.Generator().manual_seed(1)).actions
+        return actor.act(actor.observe(obs), SamplerConfig(num_steps=2),
+                         generator=torch.Generator().manual_seed(1)).actions
 
 
 def test_actions_do_not_depend_on_hidden_dims_but_do_on_the_others():

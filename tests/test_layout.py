@@ -95,7 +95,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_graph_reader_sees_lazy_and_relative_imports():
     graph = import_graph()
     assert "vla_rl.envs.workers" in graph["vla_rl.envs.maniskill"]        # inside a function, relative
-    assert "vla_rl.policies.flow" in graph["vla_rl.rl.rollout"]           # from vla_rl.policies import flow
+    assert "vla_rl.policies.flow" in graph["vla_rl.rl.learner"]           # from vla_rl.policies import flow
     assert "vla_rl.train.trainer" in graph["vla_rl.cli"]
 
 
@@ -151,6 +151,12 @@ def test_imports_go_down_the_floors():
             elif src == "vla_rl.envs" and not in_room(d, ENVS_MAY_USE):
                 problems.append(f"{module} imports {d} (envs/ uses only {', '.join(ENVS_MAY_USE)} of policies/)")
     assert not problems, "imports that do not go down:\n" + "\n".join(problems)
+
+
+def test_the_rollout_reaches_the_model_through_its_actor_alone():
+    """rl/rollout.py never reads an attribute ``model`` (``actor.model.prepare`` and the like)."""
+    tree = ast.parse((ROOT / "vla_rl" / "rl" / "rollout.py").read_text())
+    assert not [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "model"]
 
 
 def test_every_package_folder_is_installed():

@@ -123,7 +123,7 @@ def measured_activations(preset: str, n: int, method: str, k: int, parts: str) -
     size = cfg.vision.image_size
     obs = model.prepare({"images": torch.randint(0, 255, (n, cfg.num_cameras, size, size, 3), dtype=torch.uint8),
                          "state": torch.randn(n, cfg.state_dim), "instruction": ["pick up the cube"] * n})
-    obs = {key: obs[key] for key in ("images", "state", "tokens", "token_mask")}
+    obs = {key: obs[key] for key in ("images", "image_mask", "state", "tokens", "token_mask")}   # as a rollout stores
     with torch.no_grad():
         s = flow.sample(model.field(model.encode_prefix(obs)), torch.randn(n, cfg.action_horizon, cfg.action_dim),
                         num_steps=k, method=method, generator=torch.Generator().manual_seed(0))

@@ -20,7 +20,8 @@ def chunk_error(actor, data, idx):
     chunks, mask = data.action_chunks(actor.model.cfg.action_horizon)
     obs = {"images": data.images[idx], "state": data.state[idx], "instruction": data.instructions(idx)}
     with torch.inference_mode():
-        pred = actor.act(obs, SamplerConfig(num_steps=4), generator=torch.Generator().manual_seed(0)).actions
+        pred = actor.act(actor.observe(obs), SamplerConfig(num_steps=4),
+                         generator=torch.Generator().manual_seed(0)).actions
     err = ((pred - chunks[idx]) ** 2).sum(-1)
     return (err * mask[idx]).sum() / mask[idx].sum()
 

@@ -267,6 +267,30 @@ def test_the_rollout_records_its_sampler_and_the_learner_recomputes_its_log_prob
     torch.testing.assert_close(new, old, atol=1e-4, rtol=1e-5)
 
 
+def test_each_observation_is_prepared_once_and_the_learner_reuses_the_stored_inputs(sft_checkpoint, monkeypatch):
+    """The rollout prepares (checks, tokenizes) each observation once, through its actor: each chunk's, the one after
+    the last chunk and each truncated episode's final one; the learner encodes the stored inputs without preparing
+    them again."""
+    from vla_rl.checkpoint.policy import load_policy
+    from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
+    from vla_rl.rl.learner import Learner, PPOConfig
+    from vla_rl.rl.rollout import collect_rollout
+
+    model, norm, _ = load_policy(sft_checkpoint)
+    actor = Actor(model, norm)
+    env = ColorReachEnv(4, config=ColorReachConfig(max_episode_steps=8), seed=0)   # truncated after chunk 1
+    calls, real = [], model.prepare
+    monkeypatch.setattr(model, "prepare", lambda obs: calls.append(len(obs["state"])) or real(obs))
+    ro, _ = collect_rollout(actor, env, env.reset(seed=0), num_chunks=3, sampler=SamplerConfig(2, "noise"),
+                            execute=8, generator=torch.Generator().manual_seed(0))
+    truncated = int(ro.truncated.any(dim=1).sum())
+    assert truncated >= 1 and len(calls) == 3 + 1 + truncated
+    assert set(ro.obs) == {"images", "image_mask", "state", "tokens", "token_mask"}
+    calls.clear()
+    Learner(actor, PPOConfig(update_epochs=1, minibatches=2)).update(ro, iteration=0)
+    assert calls == []
+
+
 def test_freeze_prefix_leaves_the_models_prefix_group_out_of_the_optimizer():
     from vla_rl.rl.learner import Learner, PPOConfig
 

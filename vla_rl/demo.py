@@ -102,9 +102,8 @@ def _run_demo(cfg: DemoConfig, *, progress: bool, overwrite: bool) -> dict:
                      seed=eval_seed)
         with torch.inference_mode():  # log-likelihood of a batch of sampled chunks (πRL aggregation)
             obs = env.reset(seed=cfg.seed)
-            act = actor.act(obs, sampler, generator=torch.Generator().manual_seed(cfg.seed))
-            lp = flow.aggregate(act.sample.log_probs, act.sample.stochastic, executed=cfg.execute,
-                                dim_mask=actor.dim_mask)
+            act = actor.act(actor.observe(obs), sampler, generator=torch.Generator().manual_seed(cfg.seed))
+            lp = flow.aggregate(act.log_probs, act.stochastic, executed=cfg.execute, dim_mask=actor.dim_mask)
         lp_text = "-" if sampler.method == "ode" else f"{lp.mean().item():.2f}"
         print(f"{name:<22}{m['eval/success_once']:>9.2f}{m['eval/return']:>9.2f}{lp_text:>16}")
         results["samplers"][name] = m

@@ -74,7 +74,7 @@ def train_sft(actor: Actor, data: DemoDataset, cfg: SFTConfig, *, progress: bool
             group["lr"] = lr_at(step, cfg)
         idx = torch.randint(len(data), (cfg.batch_size,), generator=gen)
         obs = {"images": data.images[idx], "state": data.state[idx], "instruction": data.instructions(idx)}
-        prefix = actor.encode(obs)
+        prefix = actor.observe(obs).prefix
         loss, _ = flow.flow_matching_loss(
             model.field(prefix), targets[idx.to(device)],
             action_mask=chunk_mask[idx.to(device)], dim_mask=dim_mask,

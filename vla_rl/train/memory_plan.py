@@ -276,7 +276,7 @@ def rollout_bytes(policy_cfg, *, num_envs: int, chunks: int, num_steps: int, ima
     size = c.vision.image_size if image_size is None else image_size
     cams = c.num_cameras if num_cameras is None else num_cameras
     tn = chunks * num_envs
-    obs = tn * (cams * size * size * 3 + 4 * c.state_dim + 8 * c.max_text_tokens + c.max_text_tokens)
+    obs = tn * (cams * size * size * 3 + c.num_cameras + 4 * c.state_dim + 8 * c.max_text_tokens + c.max_text_tokens)
     chain = tn * (num_steps + 1) * c.action_horizon * c.action_dim * 4
     log_probs = tn * num_steps * c.action_horizon * c.action_dim * 4
     stochastic = tn * num_steps

@@ -54,7 +54,7 @@ from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.progress import progress
 from vla_rl.rl.learner import Learner, PPOConfig
-from vla_rl.rl.rollout import collect_rollout, first_episode_mask, step_groups
+from vla_rl.rl.rollout import collect_rollout, step_groups
 from vla_rl.threads import local_worker_processes, policy_threads, threads_note
 from vla_rl.train.metrics_log import MetricsLog, summary_line
 from vla_rl.train.preflight import recorded_limit, rollout_warnings
@@ -439,33 +439,18 @@ class Trainer:
                 self._forget_env_history()
                 at_checkpoint = False
             seed = rollout_seed(cfg.seed, it, self.env.num_envs)
-            grpo = cfg.ppo.algorithm == "grpo"
-            obs = self.env.reset(seed=seed, group_size=cfg.ppo.group_size) if grpo else self.env.reset(seed=seed)
+            group = cfg.ppo.group_size if cfg.ppo.algorithm == "grpo" else 1   # GRPO: envs sharing an initial state
+            obs = self.env.reset(seed=seed, group_size=group) if group > 1 else self.env.reset(seed=seed)
             gen = torch.Generator(device=self.device).manual_seed(seed)
             ro, _ = collect_rollout(self.actor, self.env, obs, num_chunks=cfg.rollout_chunks,
                                     sampler=cfg.sampler, execute=cfg.execute, generator=gen,
-                                    groups=cfg.rollout_groups)
+                                    groups=cfg.rollout_groups, group_size=group)
             t_roll = time.perf_counter() - t0
             metrics = self.learner.update(ro, iteration=it)
             self.iteration = it + 1
             env_steps += ro.env_steps
-            m = {"iteration": self.iteration, "time/env_steps": env_steps, "time/env_steps_iter": ro.env_steps}
-            eps = ro.episodes
-            if eps.get("success_once"):
-                k = len(eps["success_once"])
-                m["rollout/success_once"] = sum(eps["success_once"]) / k
-                m["rollout/return"] = sum(eps["return"]) / k
-                m["rollout/episode_length"] = sum(eps["length"]) / k
-                m["rollout/episodes"] = k
-                first = [s for s, f in zip(eps["success_once"], first_episode_mask(eps["env_index"])) if f]
-                m["rollout/success_first"] = sum(first) / len(first)
-                m["rollout/first_episodes"] = len(first)
-            m["rollout/chunk_reward"] = float(ro.rewards.mean())
-            # The sampler's mean Gaussian step entropy: how much the stochastic policy still explores.
-            m["rollout/entropy"] = float(ro.entropy.mean())
-            if ro.lost_episodes:
-                m["rollout/lost_episodes"] = ro.lost_episodes
-            m.update(metrics)
+            m = {"iteration": self.iteration, "time/env_steps": env_steps, "time/env_steps_iter": ro.env_steps,
+                 **ro.metrics(), **metrics}
             problem = self._update_problem(m)
             if problem:   # the iteration's metrics are kept for the diagnosis; nothing of it is saved
                 self._record(m)
