@@ -377,6 +377,25 @@ def test_debug_flag_and_env_variable_show_the_traceback(tmp_path, monkeypatch, c
     one_error_line(capsys, "config")
 
 
+def test_bench_export_report_and_serve_errors_take_the_one_error_path(tmp_path, capsys):
+    """Every user error reaches the user through cli.main's one path (its kind from USER_ERRORS): no command
+    prints its own."""
+    import ast
+    import inspect
+
+    import vla_rl.cli as cli
+
+    assert cli_main(["bench", str(tmp_path)]) == 2
+    assert "give a CHECKPOINT and --suite" in one_error_line(capsys, "bench")
+    assert cli_main(["report", str(tmp_path / "no_run"), "--out", str(tmp_path / "report")]) == 2
+    one_error_line(capsys, "report")
+    assert cli_main(["export", str(tmp_path / "no_policy"), str(tmp_path / "export")]) == 2
+    assert "vla-rl: " in capsys.readouterr().err
+    printers = [f.name for f in ast.walk(ast.parse(inspect.getsource(cli))) if isinstance(f, ast.FunctionDef)
+                and any(isinstance(n, ast.keyword) and n.arg == "file" for n in ast.walk(f))]
+    assert printers == ["report_error"], printers   # only report_error writes to stderr
+
+
 def test_a_bug_is_one_line_with_exit_1_and_points_at_debug(tmp_path, monkeypatch, capsys):
     import vla_rl.data.collect as collect
 

@@ -29,6 +29,9 @@ USER_ERRORS = [
     ("vla_rl.envs.maniskill", "ManiSkillUnavailable", "env"),
     ("vla_rl.policies.tokenizer", "TokenizerError", "tokenizer"),
     ("vla_rl.distributed.runtime", "ClusterError", "cluster"),
+    ("vla_rl.eval.bench", "BenchError", "bench"),
+    ("vla_rl.eval.report", "ReportError", "report"),
+    ("vla_rl.policies.exported", "ExportError", "export"),
 ]
 
 # The `train` extra of pyproject.toml by import name (-> distribution name). The commands that train, evaluate, read
@@ -42,6 +45,10 @@ class MissingPackages(RuntimeError):
     """A command needs packages of an extra that is not installed."""
 
 
+class ServeError(OSError):
+    """The policy server cannot listen on its address (taken, not this machine's, not permitted)."""
+
+
 def check_train_packages(command: str) -> None:
     """Refuse ``command`` (one of TRAIN_COMMANDS) in one line when the `train` extra is not installed."""
     import importlib.util
@@ -52,6 +59,8 @@ def check_train_packages(command: str) -> None:
                               "are not installed: pip install 'vla-rl[train]'")
 
 
+# Each command imports its job's modules when it runs (torch and the job's packages), so `vla-rl --help`, a
+# parse error or `serve` on a robot starts without them.
 def _demo(args) -> int:
     from vla_rl.demo import DemoConfig, run_demo
 
@@ -143,27 +152,19 @@ def _compare(args) -> int:
 
 
 def _bench(args) -> int:
-    from vla_rl.envs.libero import LiberoNotInstalled
     from vla_rl.eval.bench import BenchError, bench_from_cli, bench_markdown, compare_benches, compare_markdown
 
-    try:
-        if args.compare:
-            if args.checkpoint or args.suite or args.overrides:
-                raise BenchError("--compare takes two bench folders and nothing else")
-            a, b = args.compare
-            print(compare_markdown(compare_benches(a, b), a, b))
-            return 0
-        if not args.checkpoint or not args.suite:
-            raise BenchError("give a CHECKPOINT and --suite (e.g. --suite libero_spatial or --suite maniskill:mp), "
-                             "or --compare BENCH_A BENCH_B")
-        res = bench_from_cli(args.checkpoint, args.suite, parse_overrides(args.overrides), argv=args.argv,
-                             overwrite=args.overwrite)
-    except BenchError as e:
-        print(f"vla-rl: bench error: {e}", file=sys.stderr)
-        return 2
-    except LiberoNotInstalled as e:
-        print(f"vla-rl: {e}", file=sys.stderr)
-        return 2
+    if args.compare:
+        if args.checkpoint or args.suite or args.overrides:
+            raise BenchError("--compare takes two bench folders and nothing else")
+        a, b = args.compare
+        print(compare_markdown(compare_benches(a, b), a, b))
+        return 0
+    if not args.checkpoint or not args.suite:
+        raise BenchError("give a CHECKPOINT and --suite (e.g. --suite libero_spatial or --suite maniskill:mp), "
+                         "or --compare BENCH_A BENCH_B")
+    res = bench_from_cli(args.checkpoint, args.suite, parse_overrides(args.overrides), argv=args.argv,
+                         overwrite=args.overwrite)
     print(bench_markdown(res))
     print(f"results in {res['settings']['out']}")
     return 0
@@ -200,14 +201,9 @@ def _sft(args) -> int:
 
 def _export(args) -> int:
     from vla_rl.interop.export import export_policy, summary, unknown_note
-    from vla_rl.policies.exported import ExportError
 
-    try:
-        path = export_policy(args.src, args.out, dtype=args.dtype, overrides=parse_overrides(args.overrides),
-                             overwrite=args.overwrite)
-    except ExportError as e:
-        print(f"vla-rl: export error: {e}", file=sys.stderr)
-        return 2
+    path = export_policy(args.src, args.out, dtype=args.dtype, overrides=parse_overrides(args.overrides),
+                         overwrite=args.overwrite)
     s = summary(path)
     print(f"exported to {s['path']}: {s['bytes'] / 2**20:.1f} MiB of {args.dtype} weights; {s['control_mode']}, "
           f"state {s['state_dim']}, action {s['action_dim']}, chunk H={s['action_horizon']} (execute "
@@ -241,7 +237,6 @@ def _serve(args) -> int:
     import logging
 
     from vla_rl.interop.serve import ServeConfig, run_server
-    from vla_rl.policies.exported import ExportError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = ServeConfig(host=args.host, port=args.port, token=args.token, max_message_mb=args.max_message_mb,
@@ -250,29 +245,73 @@ def _serve(args) -> int:
                       compile=args.compile)
     try:
         return run_server(args.export, cfg)
-    except ExportError as e:
-        print(f"vla-rl: export error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:   # e.g. the port is taken
-        print(f"vla-rl: cannot serve on {args.host}:{args.port}: {e}", file=sys.stderr)
-        return 2
+    except OSError as e:   # e.g. the port is taken: say which address
+        raise ServeError(f"cannot serve on {args.host}:{args.port}: {e}") from e
 
 
 def _report(args) -> int:
-    from vla_rl.eval.report import ReportError, write_report
+    from vla_rl.eval.report import write_report
 
     names = args.names.split(",") if args.names else None
-    try:
-        path, table = write_report(args.runs, args.out, names=names, overwrite=args.overwrite)
-    except ReportError as e:
-        print(f"vla-rl: report error: {e}", file=sys.stderr)
-        return 2
+    path, table = write_report(args.runs, args.out, names=names, overwrite=args.overwrite)
     print(table)
     print(f"figures and report: {path.parent}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse the command line, run its command, and report any error in one line: a user's or the machine's
+    (:data:`USER_ERRORS`) exits 2, a bug 1, Ctrl-C 130; ``--debug`` / ``VLA_RL_DEBUG=1`` raise it instead."""
+    args = parse_args(argv)
+    try:
+        if args.command in TRAIN_COMMANDS:
+            check_train_packages(args.command)
+        return args.func(args)
+    except (KeyboardInterrupt, Exception) as e:
+        if args.debug or os.environ.get("VLA_RL_DEBUG", "") not in ("", "0"):
+            raise
+        return report_error(e, args)
+
+
+def report_error(e: BaseException, args) -> int:
+    """Print the one line for an error that ended a command; its exit status."""
+    if isinstance(e, KeyboardInterrupt):
+        resume = f" (continue with `vla-rl train --resume {run_dir(args)}`)" if args.command == "train" else ""
+        print(f"vla-rl: interrupted{resume}", file=sys.stderr)
+        return 130
+    kind = error_kind(e)
+    if kind is None:
+        print(f"vla-rl: internal error: {type(e).__name__}: {one_line(str(e))} (a bug; run again with --debug "
+              "or VLA_RL_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 1
+    print(f"vla-rl: {kind} error: {one_line(str(e))}{advice(kind, args)}", file=sys.stderr)
+    return 2
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line (default: ``sys.argv``) as the command's arguments, overrides after flags included."""
+    parser = build_parser()
+    # argparse stops collecting positionals at the first flag; overrides after a flag
+    # (`vla-rl train preset --no-progress ppo.lr_actor=1e-4`) come back as extras and are taken here.
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, extra = parser.parse_known_args(argv)
+    args.argv = argv   # the command line as given (recorded by commands that write results)
+    unknown = [a for a in extra if a.startswith("-") or "=" not in a]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if extra:
+        if not hasattr(args, "overrides"):   # `compare` takes no key=value overrides
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides.extend(extra)
+    # `vla-rl train key=value --resume DIR`: a first positional with '=' is an override, not a config.
+    if getattr(args, "config", None) and "=" in args.config:
+        args.overrides.insert(0, args.config)
+        args.config = None
+    return args
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every command's arguments; each subcommand's ``func`` runs it."""
     parser = argparse.ArgumentParser(prog="vla-rl", description="RL fine-tuning of flow-matching VLA policies")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -419,43 +458,7 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--overwrite", action="store_true",
                            help=f"replace {WRITERS[name]} if it already holds something (refused otherwise)")
 
-    # argparse stops collecting positionals at the first flag; overrides after a flag
-    # (`vla-rl train preset --no-progress ppo.lr_actor=1e-4`) come back as extras and are taken here.
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args, extra = parser.parse_known_args(argv)
-    args.argv = argv   # the command line as given (recorded by commands that write results)
-    unknown = [a for a in extra if a.startswith("-") or "=" not in a]
-    if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    if extra:
-        if not hasattr(args, "overrides"):   # `compare` takes no key=value overrides
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        args.overrides.extend(extra)
-    # `vla-rl train key=value --resume DIR`: a first positional with '=' is an override, not a config.
-    if getattr(args, "config", None) and "=" in args.config:
-        args.overrides.insert(0, args.config)
-        args.config = None
-    debug = args.debug or os.environ.get("VLA_RL_DEBUG", "") not in ("", "0")
-    try:
-        if args.command in TRAIN_COMMANDS:
-            check_train_packages(args.command)
-        return args.func(args)
-    except KeyboardInterrupt:
-        if debug:
-            raise
-        resume = f" (continue with `vla-rl train --resume {run_dir(args)}`)" if args.command == "train" else ""
-        print(f"vla-rl: interrupted{resume}", file=sys.stderr)
-        return 130
-    except Exception as e:
-        if debug:
-            raise
-        kind = error_kind(e)
-        if kind is None:
-            print(f"vla-rl: internal error: {type(e).__name__}: {one_line(str(e))} (a bug; run again with --debug "
-                  "or VLA_RL_DEBUG=1 for the traceback)", file=sys.stderr)
-            return 1
-        print(f"vla-rl: {kind} error: {one_line(str(e))}{advice(kind, args)}", file=sys.stderr)
-        return 2
+    return parser
 
 
 # The config class of each command's key=value overrides (module, class), imported only when its fields are listed.
@@ -500,6 +503,8 @@ def error_kind(e: BaseException) -> str | None:
             return kind
     if isinstance(e, MissingPackages):
         return "install"
+    if isinstance(e, ServeError):
+        return "serve"
     if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
         return "memory"
     if isinstance(e, OSError):   # a full disk, a missing or unreadable file, no permission
