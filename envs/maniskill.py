@@ -25,6 +25,7 @@ Glossary: N envs, H actions per chunk, A action dims, C cameras, S image size, D
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from torch import Tensor
 from ..policies.ranges import check_ranges, ranged, setting
 from .base import ChunkStep, EnvSpec, EpisodeTracker, check_action_chunk, check_env_indices
 from .cache import cache_dir, checkout_root
+from .workers import WorkerVectorEnv
 
 LAVAPIPE_ICD = cache_dir() / "mesa25" / "lvp_icd.x86_64.json"
 SETUP_HINT = ("run `make sims` (or `PY=.venv/bin/python bash scripts/setup_maniskill.sh`) to install "
@@ -525,9 +527,6 @@ def make_maniskill_env(cfg: ManiSkillConfig, num_envs: int, device="cpu", seed: 
             raise ValueError("envs_per_worker is for the CPU backend's worker processes; the GPU simulator "
                              "runs all envs in one batch")
         return ManiSkillGPUEnv(cfg, num_envs, device=device, seed=seed)
-    import functools
-
-    from .workers import WorkerVectorEnv
 
     return WorkerVectorEnv(functools.partial(ManiSkillSingleEnv, cfg), num_envs, seed=seed,
                            envs_per_worker=envs_per_worker, max_restarts=max_restarts, log=log,

@@ -32,6 +32,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 from torch import Tensor
 
 from .config import PolicyConfig
@@ -425,9 +427,6 @@ def _read_json(path: Path) -> dict:
 
 
 def _read_tensors(path: Path) -> dict[str, Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     if not path.is_file():
         raise ExportError(f"exported policy file missing: {path}")
     try:

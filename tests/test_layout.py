@@ -40,12 +40,13 @@ def module_files() -> dict[str, Path]:
     return out
 
 
-def imported_modules(name: str, path: Path, known: set[str]) -> set[str]:
-    """The project modules ``name`` imports anywhere in its source. ``from pkg import mod`` counts as an import
-    of ``pkg.mod`` alone; the bare top package ``vla_rl`` (whose ``__init__`` imports nothing) is left out."""
+def imported_modules(name: str, path: Path, known: set[str], tree: ast.AST | None = None) -> set[str]:
+    """The project modules ``name`` imports anywhere in its source (or in ``tree``, a part of it). ``from pkg import
+    mod`` counts as an import of ``pkg.mod`` alone; the bare top package ``vla_rl`` (whose ``__init__`` imports
+    nothing) is left out."""
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree or ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -94,9 +95,9 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_reader_sees_lazy_and_relative_imports():
     graph = import_graph()
-    assert "vla_rl.envs.workers" in graph["vla_rl.envs.maniskill"]        # inside a function, relative
+    assert "vla_rl.envs.workers" in graph["vla_rl.envs.maniskill"]        # relative
     assert "vla_rl.policies.flow" in graph["vla_rl.rl.learner"]           # from vla_rl.policies import flow
-    assert "vla_rl.train.trainer" in graph["vla_rl.cli"]
+    assert "vla_rl.train.trainer" in graph["vla_rl.cli"]                  # inside a function
 
 
 def test_find_cycle_reports_a_circle():
@@ -151,6 +152,30 @@ def test_imports_go_down_the_floors():
             elif src == "vla_rl.envs" and not in_room(d, ENVS_MAY_USE):
                 problems.append(f"{module} imports {d} (envs/ uses only {', '.join(ENVS_MAY_USE)} of policies/)")
     assert not problems, "imports that do not go down:\n" + "\n".join(problems)
+
+
+# The modules that import the project's own code inside functions on purpose: the command line imports a command's
+# job when it runs (so parsing, `--help` and `serve` start without torch or the training packages), and the policy
+# package loads its exported-policy reader on first use.
+LAZY_BY_DESIGN = ("vla_rl.cli", "vla_rl.policies")
+
+
+def test_the_projects_own_modules_are_imported_at_the_top():
+    """The floors leave no circle for a function-level import to break, so one of the project's own modules is a
+    habit that hides what a module needs; optional packages (simulators, Ray, plotting) stay lazy."""
+    files = module_files()
+    known = set(files)
+    lazy = []
+    for name, path in files.items():
+        if name in LAZY_BY_DESIGN:
+            continue
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                body = ast.Module(body=fn.body, type_ignores=[])
+                inner = [n.lineno for n in ast.walk(body) if isinstance(n, (ast.Import, ast.ImportFrom))]
+                if inner and imported_modules(name, path, known, tree=body):
+                    lazy.append(f"{path.relative_to(ROOT)}:{inner[0]} ({fn.name})")
+    assert not lazy, "function-level imports of the project's own modules:\n" + "\n".join(sorted(set(lazy)))
 
 
 def test_the_rollout_reaches_the_model_through_its_actor_alone():

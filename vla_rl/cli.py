@@ -8,10 +8,22 @@ status 2; ``--debug`` (or ``VLA_RL_DEBUG=1``) shows the traceback instead.
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
+import logging
 import os
 import sys
 
-from vla_rl.config import ConfigError, from_dict, merge, parse_overrides, preset_path, read_yaml
+from vla_rl.config import (
+    ConfigError,
+    config_help,
+    from_dict,
+    merge,
+    parse_overrides,
+    preset_path,
+    read_yaml,
+    resolve_device,
+)
 
 # (module, exception class, kind) of the errors that are the user's or the machine's, not a bug. Looked up in
 # sys.modules when an error is reported, so the CLI imports none of those modules to start.
@@ -51,8 +63,6 @@ class ServeError(OSError):
 
 def check_train_packages(command: str) -> None:
     """Refuse ``command`` (one of TRAIN_COMMANDS) in one line when the `train` extra is not installed."""
-    import importlib.util
-
     missing = [dist for name, dist in TRAIN_PACKAGES.items() if importlib.util.find_spec(name) is None]
     if missing:
         raise MissingPackages(f"`vla-rl {command}` needs the training packages, and {', '.join(missing)} "
@@ -114,7 +124,6 @@ def _plan(cfg, gpu_memory: float | None) -> int:
     device's free memory; none: the table alone). Exit 0 if it fits (or no device to compare), else a config error."""
     import torch
 
-    from vla_rl.config import resolve_device
     from vla_rl.train.memory_plan import GIB, check_plan, device_memory
 
     # planning for a GPU this machine does not have: --gpu-memory with device=cuda plans without one
@@ -234,8 +243,6 @@ def _import(args) -> int:
 
 
 def _serve(args) -> int:
-    import logging
-
     from vla_rl.interop.serve import ServeConfig, run_server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -476,10 +483,6 @@ class HelpConfig(argparse.Action):
         self.command = command
 
     def __call__(self, parser, namespace, values, option_string=None):
-        import importlib
-
-        from vla_rl.config import config_help
-
         module, name = CONFIGS[self.command]
         print(f"`vla-rl {self.command}` settings (key=value overrides; {name}):\n")
         print(config_help(getattr(importlib.import_module(module), name)))

@@ -19,6 +19,7 @@ from typing import TypeVar
 
 import yaml
 
+from vla_rl.policies.config import PolicyConfig
 from vla_rl.policies.ranges import (  # noqa: F401  (re-exported: see the module docstring)
     ConfigError,
     check_ranges,
@@ -47,7 +48,7 @@ T = TypeVar("T")
 def resolve_device(name: str):
     """``torch.device(name)``, checked: a malformed name, or a CUDA device on a machine without one (or
     without that index), is a :class:`ConfigError` (``device=cpu`` runs anywhere)."""
-    import torch
+    import torch  # here, not at the top: the CLI imports this module to parse, before any job needs torch
 
     try:
         device = torch.device(name)
@@ -112,8 +113,6 @@ def load_preset(cls: type[T], group: str, name: str, overrides: dict | None = No
 def policy_preset(name: str, overrides: dict | None = None):
     """A model preset (:class:`~vla_rl.policies.config.PolicyConfig`) from ``configs/model/<name>.yaml`` (or a
     YAML path), with optional overrides. It lives here, not in ``policies/``, which imports nothing of vla_rl."""
-    from vla_rl.policies.config import PolicyConfig
-
     return load_preset(PolicyConfig, "model", name, overrides)
 
 

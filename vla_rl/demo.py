@@ -24,12 +24,14 @@ from vla_rl.config import check_ranges, load_preset, nonneg, policy_preset, rang
 from vla_rl.data.collect import collect_builtin_demos
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
 from vla_rl.eval.evaluate import evaluate
+from vla_rl.outputs import DEMO, check_output, clear_output
 from vla_rl.policies import flow
 from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy, count_parameters
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.sft import SFTConfig, loss_summary, train_sft
 from vla_rl.threads import policy_threads, threads_note, threads_setting, torch_threads
+from vla_rl.train.trainer import TrainConfig, Trainer
 
 
 @dataclass(frozen=True)
@@ -64,9 +66,6 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, overwrite: bool = False)
 
 
 def _run_demo(cfg: DemoConfig, *, progress: bool, overwrite: bool) -> dict:
-    from vla_rl.outputs import DEMO, check_output, clear_output
-    from vla_rl.train.trainer import TrainConfig, Trainer
-
     check_output(cfg.out, overwrite=overwrite, kind=DEMO)
     if overwrite:
         clear_output(cfg.out)

@@ -16,8 +16,9 @@ import torch
 
 from vla_rl.config import ConfigError, check_ranges, nonneg, positive, setting
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv, ColorReachSingleEnv
-from vla_rl.envs.libero import LiberoConfig
-from vla_rl.envs.maniskill import ManiSkillConfig
+from vla_rl.envs.libero import LiberoConfig, LiberoSingleEnv
+from vla_rl.envs.maniskill import ManiSkillConfig, ManiSkillSingleEnv, _base_name, make_maniskill_env
+from vla_rl.envs.workers import WorkerVectorEnv
 
 KINDS = ("builtin", "maniskill", "libero")
 
@@ -76,15 +77,10 @@ def make_env(cfg: EnvConfig, *, num_envs: int, device: torch.device | str, seed:
     if cfg.kind == "builtin":
         return ColorReachEnv(num_envs, config=cfg.builtin, device=device, seed=seed)
     if cfg.kind == "maniskill":
-        from vla_rl.envs.maniskill import make_maniskill_env
-
         return make_maniskill_env(cfg.maniskill, num_envs, device=device, seed=seed,
                                   envs_per_worker=cfg.envs_per_worker, max_restarts=cfg.restart_dead_workers,
                                   log=log)
     if cfg.kind == "libero":
-        from vla_rl.envs.libero import LiberoSingleEnv
-        from vla_rl.envs.workers import WorkerVectorEnv
-
         return WorkerVectorEnv(functools.partial(LiberoSingleEnv, cfg.libero), num_envs, seed=seed,
                                name="libero", envs_per_worker=cfg.envs_per_worker,
                                max_restarts=cfg.restart_dead_workers, log=log)
@@ -98,16 +94,12 @@ def single_env_factory(cfg: EnvConfig, device: torch.device | str = "cpu") -> tu
     if cfg.kind == "builtin":
         return functools.partial(ColorReachSingleEnv, cfg.builtin), "builtin"
     if cfg.kind == "maniskill":
-        from vla_rl.envs.maniskill import ManiSkillSingleEnv, _base_name
-
         backend = cfg.maniskill.sim_backend
         if backend == "gpu" or (backend == "auto" and torch.device(device).type == "cuda"):
             raise ConfigError("ManiSkill's GPU simulator runs all envs as one batch on the policy's device; it "
                               "cannot be split over env actors (use ray.env_actors=0, or maniskill.sim_backend=cpu)")
         return functools.partial(ManiSkillSingleEnv, cfg.maniskill), f"maniskill-{_base_name(cfg.maniskill.task)}"
     if cfg.kind == "libero":
-        from vla_rl.envs.libero import LiberoSingleEnv
-
         return functools.partial(LiberoSingleEnv, cfg.libero), "libero"
     raise ConfigError(f"unknown env.kind {cfg.kind!r}")
 

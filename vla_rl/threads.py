@@ -23,6 +23,7 @@ from typing import Literal
 import torch
 
 from vla_rl.config import ranged
+from vla_rl.envs.workers import WorkerVectorEnv
 
 Threads = int | Literal["auto"]
 
@@ -155,8 +156,6 @@ def threads_note(setting: Threads, count: int, *, worker_processes: int = 0) -> 
 def local_worker_processes(envs: Iterable) -> int:
     """The env worker processes on this machine behind ``envs`` (each env counted once; in-process envs and
     Ray env actors, which may run elsewhere and set their own threads, count 0)."""
-    from vla_rl.envs.workers import WorkerVectorEnv
-
     seen: dict[int, int] = {}
     for env in envs:
         if env is not None and isinstance(env, WorkerVectorEnv):

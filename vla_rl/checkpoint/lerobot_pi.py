@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import yaml
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
@@ -523,8 +524,6 @@ def import_lerobot(src: str | Path, out: str | Path, *, tokenizer: str | Path | 
               "source": {"lerobot": str(src.resolve()), "type": lr["type"], "normalization": modes,
                          "dtype": dtype, "notes": notes}}
     out = Path(out)
-    import yaml
-
     n_params = sum(t.numel() for t in tensors.values())
     with atomic_folder(out) as tmp:
         save_file(tensors, str(tmp / "model.safetensors"))

@@ -24,6 +24,7 @@ from vla_rl.policies import lora
 from vla_rl.policies.config import PolicyConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats
+from vla_rl.policies.tokenizer import SentencePieceTokenizer, TokenizerError
 
 
 def policy_files(model: FlowPolicy, norm: NormStats, meta: dict | None = None) -> tuple[dict, dict]:
@@ -88,8 +89,6 @@ def load_policy(path: str | Path, device="cpu") -> tuple[FlowPolicy, NormStats, 
     model.load_state_dict(state, assign=True)
     del state
     if cfg.tokenizer == "sentencepiece":
-        from vla_rl.policies.tokenizer import SentencePieceTokenizer, TokenizerError
-
         try:
             model.set_tokenizer(SentencePieceTokenizer.from_file(path / cfg.tokenizer_file))
         except (TokenizerError, ValueError) as e:

@@ -10,7 +10,10 @@ import torch
 
 from vla_rl.config import ConfigError, check_ranges, nonneg, ranged, setting, to_dict
 from vla_rl.data.dataset import DemoDataset
+from vla_rl.data.lerobot import write_lerobot_dataset
+from vla_rl.data.maniskill_demos import PLANNED_TASKS, collect_maniskill
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
+from vla_rl.outputs import DATASET, TRAJECTORIES, check_output
 from vla_rl.progress import progress as progress_bar
 
 # Kinds of scripted experts ``vla-rl collect`` knows: the built-in task's expert, ManiSkill's motion planners.
@@ -121,17 +124,12 @@ def collect_dataset(kind: str, out: str | Path, cfg: CollectConfig, *, overwrite
     evaluate on the task the demos came from, and the collector's settings (``"collect"``:
     :func:`collector_settings`). An ``out`` that holds anything is refused before any work
     unless ``overwrite`` (then replaced atomically once the new dataset is complete)."""
-    from vla_rl.data.lerobot import write_lerobot_dataset
-    from vla_rl.outputs import DATASET, TRAJECTORIES, check_output
-
     settings = collector_settings(kind, cfg)
     check_output(out, overwrite=overwrite, kind=DATASET, elsewhere="another OUT folder")
     if kind == "maniskill":   # ManiSkill's own files of an earlier collection into OUT live beside it
         raw = Path(out).with_name(Path(out).name + ".maniskill")
         check_output(raw, overwrite=overwrite, kind=TRAJECTORIES, elsewhere="another OUT folder")
     if kind == "maniskill":
-        from vla_rl.data.maniskill_demos import PLANNED_TASKS, collect_maniskill
-
         if cfg.task not in PLANNED_TASKS:
             raise ConfigError(f"ManiSkill has no motion-planning solution for task={cfg.task!r}; it has one for: "
                               f"{', '.join(PLANNED_TASKS)}")

@@ -32,8 +32,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import vla_rl
+from vla_rl.config import from_dict, to_dict
 from vla_rl.data.dataset import DemoDataset, concat_episodes, select_episodes
-from vla_rl.envs.maniskill import default_instruction, ensure_vulkan, make_task
+from vla_rl.data.lerobot import read_lerobot_dataset, read_lerobot_info, write_lerobot_dataset
+from vla_rl.envs.maniskill import (
+    ManiSkillConfig,
+    ManiSkillSingleEnv,
+    default_instruction,
+    ensure_vulkan,
+    make_task,
+    task_max_episode_steps,
+)
 from vla_rl.progress import progress as progress_bar
 
 # The tasks ManiSkill 3.0.1 ships a Panda motion-planning solution for (``...panda.solutions``).
@@ -143,8 +153,6 @@ def convert_demos(h5: str | Path, *, control_mode: str = "pd_ee_delta_pose", obs
     # to the next episode); the child imports this very vla_rl, wherever it is run from.
     cmd = [sys.executable, "-m", "vla_rl.data.maniskill_replay", "--traj-path", str(h5),
            "-c", control_mode, "-o", obs_mode, "--save-traj", "-b", "physx_cpu"]
-    import vla_rl
-
     root = str(Path(vla_rl.__file__).resolve().parent.parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     log_path = h5.with_suffix(".replay.log")
@@ -320,8 +328,6 @@ def first_frame_check(data: DemoDataset, seeds: list[int | None], env_cfg) -> tu
 
     Returns (``data.state`` with those first rows replaced, ``[(episode, seed, reason)]`` of the episodes whose
     recorded first frame is not that seed's, the number of episodes whose first frame changed)."""
-    from vla_rl.envs.maniskill import ManiSkillSingleEnv
-
     first_rows = (data.frame_index == 0).nonzero().flatten().tolist()   # episode order, as stored
     if len(first_rows) != len(seeds):
         raise ManiSkillDemoError(f"{len(first_rows)} episodes but {len(seeds)} seeds")
@@ -373,10 +379,6 @@ def refresh_dataset_first_frames(dataset: str | Path, out: str | Path, *, log=pr
     """Rewrite a dataset ``vla-rl collect maniskill`` wrote before :func:`reobserve_first_frames` existed
     into ``out``, from the ManiSkill file it names (info.json ``vla_rl.source``), first frames re-observed.
     State datasets only; the actions and every later frame must equal the dataset's, else an error."""
-    from vla_rl.config import from_dict
-    from vla_rl.data.lerobot import read_lerobot_dataset, read_lerobot_info, write_lerobot_dataset
-    from vla_rl.envs.maniskill import ManiSkillConfig
-
     info = read_lerobot_info(dataset)
     meta = info.get("vla_rl") or {}
     if meta.get("env") != "maniskill" or not meta.get("source") or not meta.get("env_config"):
@@ -406,8 +408,6 @@ def episode_limit(task: str, demo_lengths: list[int], given: int | None) -> int:
     registered limit, raised to 1.5 x the longest demo (rounded up to 10) where the planner's demos are
     longer than the limit (PushCube: limit 50, planner demos 64-74 steps) -- a policy that imitates them
     would otherwise time out by construction."""
-    from vla_rl.envs.maniskill import task_max_episode_steps
-
     if given is not None:
         return given
     longest = max(demo_lengths) if demo_lengths else 0
@@ -418,8 +418,6 @@ def demo_env_config(data: DemoDataset, *, task: str, control_mode: str, obs_mode
                     max_episode_steps: int | None = None):
     """The ``ManiSkillConfig`` a policy trained on ``data`` is evaluated / fine-tuned in: the demos' task,
     controller and observations (camera size: the demos' images), episode limit from :func:`episode_limit`."""
-    from vla_rl.envs.maniskill import ManiSkillConfig
-
     rgb = obs_mode == "rgb"
     lengths = torch.bincount(data.episode_index).tolist()
     return ManiSkillConfig(task=task, control_mode=control_mode, obs_mode="rgb" if rgb else "state",
@@ -465,9 +463,6 @@ def collect_maniskill(out: str | Path, *, task: str, episodes: int, seed: int = 
     reason; a conversion that fails as a whole drops that round's episodes only. Whatever good episodes there
     are at the end are written (fewer than asked for: said so); none at all is an error."""
     import h5py
-
-    from vla_rl.config import to_dict
-    from vla_rl.data.lerobot import write_lerobot_dataset
 
     max_tries = max_tries or 3 * episodes + 10
     out = Path(out)

@@ -37,12 +37,19 @@ from typing import Any, Literal
 import torch
 
 from vla_rl.checkpoint.folders import read_yaml_file
+from vla_rl.checkpoint.policy import load_any_policy  # ours, or a LeRobot π0 / π0.5 folder
 from vla_rl.config import ConfigError, check_ranges, from_dict, nonneg, positive, setting, to_dict
+from vla_rl.data.maniskill_demos import PLANNED_TASKS
 from vla_rl.env_factory import EnvConfig, make_env
+from vla_rl.envs.libero import SUITE_NUM_TASKS, episode_of, task_instruction
+from vla_rl.envs.video import VIEW_MIN_SECONDS, VIEW_MIN_SIZE, record_video
 from vla_rl.envs.worker_pool import WorkerError
 from vla_rl.eval.evaluate import checkpoint_env_config, evaluate_episodes
+from vla_rl.eval.libero import libero_env_config
 from vla_rl.eval.paired import paired_difference
+from vla_rl.outputs import BENCH, check_output, clear_output
 from vla_rl.policies.actor import Actor, SamplerConfig
+from vla_rl.policies.inference import cast_weights
 from vla_rl.threads import local_worker_processes, policy_threads, threads_setting, torch_threads
 
 LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
@@ -97,8 +104,6 @@ def suite_names(suite: str) -> tuple[str, list[str]]:
     if suite.startswith("maniskill:"):
         spec = suite.split(":", 1)[1]
         if spec == "mp":
-            from vla_rl.data.maniskill_demos import PLANNED_TASKS
-
             return "maniskill", list(PLANNED_TASKS)
         ids = [s.strip() for s in spec.split(",") if s.strip()]
         if not ids:
@@ -140,9 +145,6 @@ def plan_tasks(checkpoint: str | Path, cfg: BenchConfig, model_cfg, policy_confi
     simulator, names = suite_names(cfg.suite)
     n = cfg.episodes_per_task
     if simulator == "libero":
-        from vla_rl.envs.libero import SUITE_NUM_TASKS
-        from vla_rl.eval.libero import libero_env_config
-
         train_env = None
         if (Path(checkpoint) / "train_config.yaml").is_file():
             train_env = read_yaml_file(Path(checkpoint) / "train_config.yaml").get("env")
@@ -208,8 +210,6 @@ def _last_line(text: str) -> str:
 
 def run_task(actor_for, task: BenchTask, cfg: BenchConfig, out: Path, log) -> dict:
     """Evaluate one task and return its result document (videos written under ``out/videos``)."""
-    from vla_rl.envs.video import VIEW_MIN_SECONDS, VIEW_MIN_SIZE, record_video
-
     num_envs = min(cfg.workers, task.episodes)
     try:
         env = make_env(task.env, num_envs=num_envs, device=torch.device(cfg.device), seed=task.seed)
@@ -234,8 +234,6 @@ def run_task(actor_for, task: BenchTask, cfg: BenchConfig, out: Path, log) -> di
         env.close()
     instruction = ""
     if task.env.kind == "libero":
-        from vla_rl.envs.libero import episode_of, task_instruction
-
         instruction = task_instruction(task.env.libero.suite, int(task.task))
         for r in records:   # which fixed initial state each episode was
             r["task_id"], r["init_state_id"] = episode_of(r["episode_seed"], task.env.libero.task_ids,
@@ -260,13 +258,8 @@ def run_bench(checkpoint: str | Path, cfg: BenchConfig, *, command: list[str] | 
               overwrite: bool = False) -> dict:
     """Run (or resume) a bench of ``checkpoint`` into ``cfg.out``; returns the results document. ``overwrite``:
     start over in an ``out`` that holds an earlier bench (or other files; never another kind of data)."""
-    from vla_rl.outputs import BENCH, check_output, clear_output
-
     checkpoint = Path(checkpoint)
     check_output(cfg.out, overwrite=overwrite, kind=BENCH, reuse=True, inputs={"checkpoint": checkpoint})
-    from vla_rl.checkpoint.policy import load_any_policy  # ours, or a LeRobot π0 / π0.5 folder
-    from vla_rl.policies.inference import cast_weights
-
     model, norm, policy_config = load_any_policy(checkpoint, device=cfg.device)
     cast_weights(model, cfg.dtype)
     tasks = plan_tasks(checkpoint, cfg, model.cfg, policy_config)

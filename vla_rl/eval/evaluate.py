@@ -12,10 +12,18 @@ from typing import Any, Literal
 
 import torch
 
-from vla_rl.config import check_ranges, nonneg, ranged, resolve_device, setting
+from vla_rl.checkpoint.folders import read_yaml_file
+from vla_rl.checkpoint.lerobot_pi import is_lerobot_folder
+from vla_rl.checkpoint.policy import load_any_policy
+from vla_rl.checkpoint.training import checkpoint_dir, latest_checkpoint
+from vla_rl.config import check_ranges, from_dict, merge, nonneg, ranged, resolve_device, setting
 from vla_rl.env_factory import EnvConfig, env_identity, make_env
 from vla_rl.envs.base import EPISODE_METRICS
+from vla_rl.envs.video import VIEW_MIN_SECONDS, VIEW_MIN_SIZE, VideoRecorder, record_video
+from vla_rl.outputs import EVAL_FILE, check_output
 from vla_rl.policies.actor import Actor, SamplerConfig
+from vla_rl.policies.inference import cast_weights
+from vla_rl.progress import progress
 from vla_rl.threads import local_worker_processes, policy_threads, threads_setting, torch_threads
 
 
@@ -90,8 +98,6 @@ def evaluate_episodes(actor: Actor, env, *, num_episodes: int, sampler: SamplerC
         round_seed, count = seed + r * n, min(n, num_episodes - r * n)
         recorder = None
         if r == 0 and videos > 0:
-            from vla_rl.envs.video import VideoRecorder
-
             recorder = VideoRecorder(env, range(min(videos, count)), fps=video_fps, first_episode_only=True)
         ep = first_episodes(actor, env, seed=round_seed, count=count, sampler=sampler, execute=execute,
                             generator=gen, recorder=recorder, on_episodes=ended)
@@ -132,8 +138,6 @@ def evaluate(actor: Actor, env, *, num_episodes: int, sampler: SamplerConfig | N
 def episode_progress(total: int, *, enabled: bool, desc: str = "eval"):
     """A ``progress(done, total)`` callback for :func:`evaluate_episodes` that moves a progress indicator
     (:func:`vla_rl.progress.progress`: a bar on a terminal, a line every few seconds in a log)."""
-    from vla_rl.progress import progress
-
     with progress(total=total, desc=desc, unit="episodes", enabled=enabled) as bar:
         yield lambda done, _total: bar.update(done - bar.n)
 
@@ -177,9 +181,6 @@ def open_checkpoint(path: str | Path, *, env_config, num_envs: int, device: torc
     """A policy or training checkpoint folder's policy as an :class:`Actor` on ``device`` (weights in ``dtype``,
     the denoising loop run as ``compile`` says), and ``num_envs`` of the env ``env_config`` (an
     :class:`~vla_rl.env_factory.EnvConfig`, usually :func:`checkpoint_env_config` of the same folder)."""
-    from vla_rl.checkpoint.policy import load_any_policy
-    from vla_rl.policies.inference import cast_weights
-
     model, norm, _ = load_any_policy(Path(path))
     env = make_env(env_config, num_envs=num_envs, device=device, seed=seed)
     try:
@@ -193,10 +194,6 @@ def open_checkpoint(path: str | Path, *, env_config, num_envs: int, device: torc
 def checkpoint_env_config(path: str | Path, env_overrides: dict):
     """The env a checkpoint folder was made for: a training checkpoint's ``train_config.yaml``, else the one
     an SFT policy was trained for (its saved config), with ``env_overrides`` on top."""
-    from vla_rl.checkpoint.folders import read_yaml_file
-    from vla_rl.checkpoint.lerobot_pi import is_lerobot_folder
-    from vla_rl.config import from_dict, merge
-
     path = Path(path)
     if (path / "train_config.yaml").is_file():
         env_dict = read_yaml_file(path / "train_config.yaml").get("env", {})
@@ -210,8 +207,6 @@ def checkpoint_env_config(path: str | Path, env_overrides: dict):
 def resolve_checkpoint(path: str | Path, log=print) -> Path:
     """``path`` itself if it is a policy or training checkpoint folder; for a training run folder, its newest
     intact checkpoint (said through ``log``)."""
-    from vla_rl.checkpoint.training import checkpoint_dir, latest_checkpoint
-
     path = Path(path)
     if path.is_dir() and not (path / "model.safetensors").is_file() and checkpoint_dir(path).is_dir():
         ckpt = latest_checkpoint(path, log=log)
@@ -225,9 +220,6 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, *, over
     """Evaluate a policy or training checkpoint folder, or a run folder's newest checkpoint (the ODE sampler
     unless ``sampler.method`` says otherwise); with ``out`` set, also write the per-episode results there
     (:func:`write_episode_file`; an existing file is refused before any work unless ``overwrite``)."""
-    from vla_rl.config import from_dict
-    from vla_rl.outputs import EVAL_FILE, check_output
-
     cfg = from_dict(EvalConfig, dict(overrides or {}))
     if cfg.out:
         check_output(cfg.out, overwrite=overwrite, kind=EVAL_FILE, inputs={"checkpoint": path})
@@ -246,8 +238,6 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, *, over
     finally:
         env.close()
     if cfg.videos:
-        from vla_rl.envs.video import VIEW_MIN_SECONDS, VIEW_MIN_SIZE, record_video
-
         video_dir = Path(cfg.video_dir or (Path(cfg.out).with_suffix("") if cfg.out else "runs/eval_videos"))
         for r in records:
             frames = r.pop("frames", None)

@@ -25,7 +25,10 @@ from safetensors.torch import save_file
 
 from vla_rl.checkpoint.folders import FORMAT_VERSION, CheckpointError, atomic_folder, read_tensors, read_yaml_file
 from vla_rl.checkpoint.policy import adapter_scaling
+from vla_rl.checkpoint.training import list_checkpoints
 from vla_rl.config import ConfigError, from_dict, merge, to_dict
+from vla_rl.env_factory import EnvConfig
+from vla_rl.outputs import EXPORT, check_output
 from vla_rl.policies import lora
 from vla_rl.policies.config import PolicyConfig
 from vla_rl.policies.exported import (
@@ -51,8 +54,6 @@ def resolve_source(src: str | Path) -> Path:
         best = path / "checkpoints" / "best"
         if (best / "config.yaml").is_file():
             return best
-        from vla_rl.checkpoint.training import list_checkpoints
-
         # Export needs the policy files only (a resume point also needs the optimizer and RNG state).
         policies = [c for c in list_checkpoints(path) if (c / "config.yaml").is_file()
                     and (c / "model.safetensors").is_file()]
@@ -91,8 +92,6 @@ def describe_env(env: dict, *, state_dim: int, action_dim: int, num_cameras: int
                 "cameras": _generic_cameras(num_cameras, image_size, camera_names),
                 "notes": "The source did not record its robot: actions are not clipped; set names, units and bounds "
                          "with key=value overrides at export."}
-    from vla_rl.env_factory import EnvConfig
-
     task = from_dict(EnvConfig, env, prefix="env").task
     section = to_dict(task)
     if kind == "builtin":
@@ -241,8 +240,6 @@ def export_policy(src: str | Path, out: str | Path, *, dtype: str = "bf16", over
     that holds anything is refused before any work unless ``overwrite`` (an earlier export, or files of no known
     kind: replaced only once the new folder is complete); another kind of data (a run, a dataset ...) and an
     ``out`` inside the source are refused whatever (:mod:`vla_rl.outputs`). ``overrides``: ExportSpec fields."""
-    from vla_rl.outputs import EXPORT, check_output
-
     if dtype not in WEIGHT_DTYPES:
         raise ConfigError(f"dtype must be one of {list(WEIGHT_DTYPES)}, got {dtype!r}")
     folder = resolve_source(src)

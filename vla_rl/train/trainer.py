@@ -23,7 +23,7 @@ import torch
 import yaml
 
 from vla_rl.checkpoint.folders import CheckpointError, read_yaml_file, write_atomic_folder
-from vla_rl.checkpoint.policy import load_policy, policy_files
+from vla_rl.checkpoint.policy import load_any_policy, load_policy, policy_files
 from vla_rl.checkpoint.training import (
     list_checkpoints,
     load_training_state,
@@ -56,6 +56,7 @@ from vla_rl.progress import progress
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.rollout import collect_rollout, step_groups
 from vla_rl.threads import local_worker_processes, policy_threads, threads_note
+from vla_rl.train.memory_plan import check_plan, device_memory
 from vla_rl.train.metrics_log import MetricsLog, summary_line
 from vla_rl.train.preflight import recorded_limit, rollout_warnings
 
@@ -200,8 +201,6 @@ class Trainer:
 
     def _build(self, cfg: TrainConfig) -> None:
         if cfg.memory_plan and self.device.type == "cuda" and cfg.runtime == "local":
-            from vla_rl.train.memory_plan import check_plan, device_memory
-
             free, name = device_memory(self.device)
             check_plan(cfg, device_bytes=free, device_name=name, log=self.log)
         self.runtime = make_runtime(cfg.runtime, cfg.ray, log=self.log)
@@ -228,8 +227,6 @@ class Trainer:
         if self.resume_from is not None:   # self-contained: the checkpoint's own policy config and weights
             model, norm, _ = load_policy(self.resume_from, device=self.device)
         elif cfg.init:
-            from vla_rl.checkpoint.policy import load_any_policy  # ours, or a LeRobot π0 / π0.5 folder
-
             model, norm, init_config = load_any_policy(cfg.init, device=self.device)
         else:   # a fresh model's weights come from the run's seed: two runs of one config are the same run
             with torch.random.fork_rng(devices=[]):
