@@ -396,6 +396,15 @@ def test_bench_export_report_and_serve_errors_take_the_one_error_path(tmp_path, 
     assert printers == ["report_error"], printers   # only report_error writes to stderr
 
 
+def test_every_user_error_class_exists_where_the_cli_looks_it_up():
+    """USER_ERRORS names each class by the module that defines it (a moved class would turn its errors into bugs)."""
+    from vla_rl.cli import USER_ERRORS
+
+    for module, name, _ in USER_ERRORS:
+        cls = getattr(importlib.import_module(module), name)
+        assert isinstance(cls, type) and issubclass(cls, Exception) and cls.__module__ == module, (module, name)
+
+
 def test_a_bug_is_one_line_with_exit_1_and_points_at_debug(tmp_path, monkeypatch, capsys):
     import vla_rl.data.collect as collect
 

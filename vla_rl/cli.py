@@ -32,7 +32,7 @@ USER_ERRORS = [
     ("vla_rl.outputs", "OutputExistsError", "output"),
     ("vla_rl.checkpoint.folders", "CheckpointError", "checkpoint"),
     ("vla_rl.data.lerobot", "LeRobotDatasetError", "dataset"),
-    ("vla_rl.data.maniskill_demos", "ManiSkillDemoError", "dataset"),
+    ("vla_rl.data.maniskill_h5", "ManiSkillDemoError", "dataset"),
     ("vla_rl.data.lerobot_video", "VideoError", "dataset"),
     ("vla_rl.eval.paired", "EpisodeFileError", "input"),
     ("vla_rl.train.trainer", "TrainingError", "training"),

@@ -23,7 +23,8 @@ from vla_rl.config import (
 )
 from vla_rl.data.dataset import DemoDataset, drop_idle_frames
 from vla_rl.data.lerobot import LeRobotDatasetError, read_lerobot_dataset, read_lerobot_info
-from vla_rl.data.maniskill_demos import demo_env_config, read_maniskill_h5, read_trajectory_info
+from vla_rl.data.maniskill_demos import demo_env_config
+from vla_rl.data.maniskill_h5 import read_maniskill_h5, read_trajectory_info
 from vla_rl.env_factory import EnvConfig, make_env
 from vla_rl.eval.evaluate import evaluate
 from vla_rl.outputs import POLICY, check_output
@@ -118,7 +119,7 @@ def train_sft(actor: Actor, data: DemoDataset, cfg: SFTConfig, *, progress: bool
 class SFTRunConfig:
     """``vla-rl sft DATASET`` settings (DATASET: a LeRobot v3.0 / v2.x folder, see
     :mod:`vla_rl.data.lerobot`, or a ManiSkill trajectory ``.h5`` with state observations, see
-    :mod:`vla_rl.data.maniskill_demos`)."""
+    :mod:`vla_rl.data.maniskill_h5`)."""
 
     MOVED = {"num_steps": "sampler.num_steps"}
 
