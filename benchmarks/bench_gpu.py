@@ -30,11 +30,11 @@ import torch
 
 from vla_rl.config import policy_preset
 from vla_rl.policies import flow
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.inference import Denoiser, cast_weights
 from vla_rl.policies.lora import LoRAConfig, merge_lora
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.rollout import Rollout
 
@@ -121,7 +121,7 @@ def synthetic_rollout(model: FlowPolicy, actor: Actor, n: int, method: str, k: i
         values = model.value(prefix).float()
     row = lambda x: x[None]  # noqa: E731   [N, ...] -> [T=1, N, ...]
     zeros = torch.zeros(1, n, device=device)
-    return Rollout(obs={key: row(obs[key]) for key in ("images", "state", "tokens", "token_mask")},
+    return Rollout(obs={key: row(obs[key]) for key in ("images", "image_mask", "state", "tokens", "token_mask")},
                    chain=row(s.chain), stochastic=row(s.stochastic), log_probs=row(s.log_probs), entropy=zeros,
                    values=row(values), rewards=torch.rand(1, n, generator=torch.Generator().manual_seed(2)).to(device),
                    terminated=zeros.bool(), truncated=zeros.bool(), success=zeros.bool(), final_values=zeros,
@@ -140,10 +140,10 @@ def restore(model: FlowPolicy) -> None:
 
 
 def planned_gib(args, method: str, parts: str, train: str, cuda: bool) -> str:
-    """The memory plan's total for this row's update (vla_rl/rl/memory_plan.py), to set beside the measured peak."""
+    """The memory plan's total for this row's update (vla_rl/train/memory_plan.py), to set beside the measured peak."""
     from vla_rl.config import from_dict
-    from vla_rl.rl.memory_plan import GIB, plan_memory
-    from vla_rl.rl.trainer import TrainConfig
+    from vla_rl.train.memory_plan import GIB, plan_memory
+    from vla_rl.train.trainer import TrainConfig
 
     ppo = {"minibatches": 1, "update_epochs": 1, "grad_checkpointing": parts,
            **({"freeze_prefix": True} if train == "freeze_prefix" else {}),

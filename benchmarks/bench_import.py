@@ -124,8 +124,8 @@ STEP = textwrap.dedent("""
             time.sleep(0.005)
     threading.Thread(target=sample, daemon=True).start()
     floor = status("VmHWM")
-    from vla_rl.checkpoint import load_policy
-    from vla_rl.interop.lerobot import import_lerobot
+    from vla_rl.checkpoint.policy import load_policy
+    from vla_rl.checkpoint.lerobot_pi import import_lerobot
     what, src, out, dtype = sys.argv[1:5]
     if what == "import":
         import_lerobot(src, out, dtype=dtype)

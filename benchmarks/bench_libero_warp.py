@@ -61,9 +61,9 @@ def sync(device: torch.device) -> None:
 # ------------------------------------------------------------------------------------------------ speed
 def tiny_actor(num_cameras: int, image_size: int, device: torch.device):
     from vla_rl.config import policy_preset
+    from vla_rl.policies.actor import Actor
     from vla_rl.policies.model import FlowPolicy
     from vla_rl.policies.normalize import NormStats, Stats
-    from vla_rl.rl.actor import Actor
 
     cfg = policy_preset("tiny", {"num_cameras": num_cameras, "action_dim": 7, "state_dim": 8,
                                  "vision": {"image_size": image_size}})
@@ -72,7 +72,7 @@ def tiny_actor(num_cameras: int, image_size: int, device: torch.device):
 
 
 def speed_case(scenes, n: int, cameras: int, policy: bool, args, device: torch.device) -> dict:
-    from vla_rl.rl.actor import SamplerConfig
+    from vla_rl.policies.actor import SamplerConfig
 
     cams = ("agentview", "wrist")[:cameras]
     cfg = LiberoWarpConfig(suite="libero_spatial", task_ids=[0], init_state_ids=[0, 1], cameras=cams,

@@ -141,7 +141,7 @@ def train_rows(iterations: int, device: str, repeats: int, envs: int) -> list[di
     import tempfile
 
     from vla_rl.config import from_dict, merge, preset_path, read_yaml
-    from vla_rl.rl.trainer import TrainConfig, Trainer
+    from vla_rl.train.trainer import TrainConfig, Trainer
 
     if iterations < 4:
         raise SystemExit("--iterations must be at least 4 (iterations 2 to N-1 are timed)")

@@ -90,7 +90,7 @@ def env_segment(env, bank: torch.Tensor):
 
 
 def loop_segment(actor, env, start_obs: dict, groups: int, args):
-    from vla_rl.rl.actor import SamplerConfig
+    from vla_rl.policies.actor import SamplerConfig
     from vla_rl.rl.rollout import collect_rollout
 
     sampler = SamplerConfig(num_steps=args.steps, method="noise")
@@ -113,8 +113,7 @@ def loop_segment(actor, env, start_obs: dict, groups: int, args):
 def policy_segment(actor, obs: dict, args):
     """The policy alone sampling one group's chunks (``--envs / 2`` envs) over and over: the env-steps/s it
     could feed if it had a core to itself (each chunk feeds ``envs / 2 * execute`` env-steps)."""
-    from vla_rl.rl.actor import SamplerConfig
-    from vla_rl.rl.rollout import _model_inputs
+    from vla_rl.policies.actor import SamplerConfig
 
     sampler = SamplerConfig(num_steps=args.steps, method="noise")
     half = {k: v[:args.envs // 2] for k, v in obs.items()}
@@ -125,9 +124,7 @@ def policy_segment(actor, obs: dict, args):
         t0 = time.perf_counter()
         with torch.inference_mode():
             while True:
-                prefix = actor.model.encode_prefix(_model_inputs(actor, half))
-                actor.act(half, sampler, prefix=prefix, generator=gen)
-                actor.model.value(prefix)
+                actor.act(actor.observe(half), sampler, generator=gen)   # the value too, as a rollout does
                 steps += len(half["state"]) * args.execute
                 elapsed = time.perf_counter() - t0
                 if elapsed >= seconds:
@@ -137,9 +134,9 @@ def policy_segment(actor, obs: dict, args):
 
 def tiny_actor(spec):
     from vla_rl.config import policy_preset
+    from vla_rl.policies.actor import Actor
     from vla_rl.policies.model import FlowPolicy
     from vla_rl.policies.normalize import NormStats, Stats
-    from vla_rl.rl.actor import Actor
 
     base = policy_preset("tiny")
     cfg = policy_preset("tiny", {"num_cameras": 0, "state_dim": max(base.state_dim, spec.state_dim),

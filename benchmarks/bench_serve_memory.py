@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def tiny_export(folder: Path) -> Path:
     import torch
 
-    from vla_rl.checkpoint import save_policy
+    from vla_rl.checkpoint.policy import save_policy
     from vla_rl.config import policy_preset
     from vla_rl.interop.export import export_policy
     from vla_rl.policies.model import FlowPolicy

@@ -31,8 +31,8 @@ def worker(setting: str, iterations: int) -> None:
     import torch
 
     from vla_rl.config import load_preset
-    from vla_rl.rl.trainer import TrainConfig, Trainer
     from vla_rl.threads import available_cores, measured_busy_cores
+    from vla_rl.train.trainer import TrainConfig, Trainer
 
     load = os.getloadavg()[0]
     busy = measured_busy_cores()   # what `auto` sees (the trainer reuses this measurement)

@@ -1,10 +1,10 @@
 """Every GPU check in one script, for one CUDA GPU and ~8 minutes: the `gpu` tests, the `pi0` preset's targets
 (bench_gpu.py: a chunk at batch 1 <= 50 ms with bf16 weights and the graphed denoising loop; batch 64 within
 1.3 x the prefix alone; one PPO update of 64 samples fitting 80 GB, training everything, the expert only and LoRA,
-beside the memory plan), the colocated 320-env rollout and update (bench_train.py, `small` policy, bf16), and any
-GPU simulator benchmark present (benchmarks/bench_libero_warp.py: LIBERO worlds on MuJoCo Warp). It writes what each step printed,
-its command, exit status and time into one markdown file (default runs/gpu_acceptance/results.md) whose tables go
-into benchmarks/RESULTS.md.
+beside the memory plan), the colocated 320-env rollout and update (bench_train.py, `small` policy, bf16), and the
+LIBERO worlds on MuJoCo Warp (benchmarks/bench_libero_warp.py). It writes what each step printed, its command, exit
+status and time into one markdown file (default runs/gpu_acceptance/results.md) whose tables go into
+benchmarks/RESULTS.md.
 
     python benchmarks/gpu_acceptance.py [--out runs/gpu_acceptance] [--only tests,bench_gpu,...] [--budget-s 480]
     python benchmarks/gpu_acceptance.py --smoke      # CPU, tiny sizes, seconds: checks the script, no numbers

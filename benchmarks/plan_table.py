@@ -1,4 +1,4 @@
-"""The memory plan of a `pi0` PPO update per GPU (vla_rl/rl/memory_plan.py) for the usual ways of fitting it, at
+"""The memory plan of a `pi0` PPO update per GPU (vla_rl/train/memory_plan.py) for the usual ways of fitting it, at
 24, 48 and 80 GB: a markdown table for docs/training.md. Computed, nothing allocated (runs on a CPU in minutes).
 
     python benchmarks/plan_table.py [--model pi0] [--method noise] [--num-steps 10] [--gpus 24,48,80]
@@ -14,8 +14,8 @@ import argparse
 import sys
 
 from vla_rl.config import from_dict
-from vla_rl.rl.memory_plan import GIB, RESERVE, plan_memory
-from vla_rl.rl.trainer import TrainConfig
+from vla_rl.train.memory_plan import GIB, RESERVE, plan_memory
+from vla_rl.train.trainer import TrainConfig
 
 VARIANTS = [
     ("full fine-tune", {}, {}),

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..policies.ranges import check_ranges, nonneg, positive, ranged
+from ..policies.ranges import check_ranges, nonneg, positive, ranged, setting
 from .base import ChunkStep, EnvSpec, EpisodeTracker, check_action_chunk
 
 COLORS = ("red", "green", "blue")
@@ -43,23 +43,23 @@ QUADRANTS = torch.tensor([[-0.45, -0.45], [0.45, -0.45], [-0.45, 0.45], [0.45, 0
 class ColorReachConfig:
     image_size: int = ranged(32, 4)
     max_episode_steps: int = ranged(32, 1)
-    step_size: float = positive(0.08)        # largest displacement per step and axis
-    # "delta": an action is a displacement (a full-scale action moves step_size); "target": an action is
-    # the position to head for (moved towards at step_size per step), like end-effector target-pose
-    # control. With "target" the expert's action is the goal itself at every step, so every frame of a
-    # demo ties the image to the goal's exact place; with "delta" the expert's actions saturate far from
-    # the goal and only the last steps depend on where exactly it is.
-    control: Literal["delta", "target"] = "target"
-    target_half_size: float = positive(0.16)  # success: the agent's centre is on the goal square (5 px of 32)
-    jitter: float = nonneg(0.25)             # how far objects move around their quadrant centre
-    # "shuffled": the quadrants of the three squares and the agent are drawn anew every episode, so the
-    # policy must bind the instruction's colour to a place in the image (hard for few-shot SFT).
-    # "fixed": colour c always sits in quadrant c (jittered) and the agent starts in the last one, so
-    # the instruction alone gives the rough goal and the image the exact one (the CI / demo level).
-    layout: Literal["shuffled", "fixed"] = "fixed"
+    step_size: float = positive(0.08, doc="largest displacement per step and axis")
+    control: Literal["delta", "target"] = setting(
+        "target", doc='"delta": an action is a displacement (a full-scale action moves step_size); "target": an '
+                      "action is the position to head for (moved towards at step_size per step), like end-effector "
+                      "target-pose control. With \"target\" the expert's action is the goal itself at every step, so "
+                      "every frame of a demo ties the image to the goal's exact place; with \"delta\" the expert's "
+                      "actions saturate far from the goal and only the last steps depend on where exactly it is.")
+    target_half_size: float = positive(0.16, doc="success: the agent's centre is on the goal square (5 px of 32)")
+    jitter: float = nonneg(0.25, doc="how far objects move around their quadrant centre")
+    layout: Literal["shuffled", "fixed"] = setting(
+        "fixed", doc='"shuffled": the quadrants of the three squares and the agent are drawn anew every episode, so '
+                     "the policy must bind the instruction's colour to a place in the image (hard for few-shot SFT). "
+                     '"fixed": colour c always sits in quadrant c (jittered) and the agent starts in the last one, so '
+                     "the instruction alone gives the rough goal and the image the exact one (the CI / demo level).")
     reward: Literal["dense", "sparse"] = "dense"
     success_bonus: float = nonneg(1.0)
-    progress_scale: float = nonneg(0.1)      # dense reward: this much for a full step of progress
+    progress_scale: float = nonneg(0.1, doc="dense reward: this much for a full step of progress")
 
     def __post_init__(self):
         check_ranges(self)

@@ -28,6 +28,7 @@ import numpy as np
 
 from .bddl_predicates import GoalSpec, goal_spec
 from .cache import cache_dir
+from .libero import LiberoConfig, LiberoSingleEnv
 from .osc import OSCGains
 
 
@@ -157,8 +158,6 @@ def load_task_scene(suite: str, task_id: int, init_state_ids: list[int] | None =
     start episodes from (None: all 50); ``num_settle_steps``: no-op steps after setting one (the protocol's 10).
     ``single``: a :class:`envs.libero.LiberoSingleEnv` of that suite to read from instead of building one (it is
     reset, not closed)."""
-    from .libero import LiberoConfig, LiberoSingleEnv
-
     own = single is None
     if own:
         single = LiberoSingleEnv(LiberoConfig(suite=suite, task_ids=[task_id], cameras=(),

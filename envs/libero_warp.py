@@ -47,7 +47,8 @@ from torch import Tensor
 from ..policies.ranges import check_ranges, nonneg, positive, ranged
 from .base import ChunkStep, EnvSpec, EpisodeTracker, check_action_chunk, check_env_indices
 from .bddl_predicates import GoalEvaluator
-from .libero import ACTION_DIM, CAMERAS, NOOP, STATE_DIM, SUITE_MAX_STEPS, Camera, Suite
+from .libero import ACTION_DIM, CAMERAS, NOOP, STATE_DIM, SUITE_MAX_STEPS, SUITE_NUM_TASKS, Camera, Suite
+from .libero_scene import load_task_scene
 from .osc import clip_torques, gripper_step, hinge_jacobian, osc_torques, set_goal
 
 INSTALL_HINT = ("install it with `pip install -e '.[warp]'` (mujoco-warp 3.8.1 with warp-lang 1.14.0, the versions "
@@ -407,9 +408,6 @@ class LiberoWarpEnv:
     :mod:`envs.base`. ``scenes`` (tests): already loaded :class:`envs.libero_scene.TaskScene` s, one per task."""
 
     def __init__(self, cfg: LiberoWarpConfig, num_envs: int, *, device="cpu", seed: int = 0, scenes=None):
-        from .libero import SUITE_NUM_TASKS
-        from .libero_scene import load_task_scene
-
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         import_warp()

@@ -25,6 +25,7 @@ Glossary: N envs, H actions per chunk, A action dims, C cameras, S image size, D
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -35,9 +36,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..policies.ranges import check_ranges, ranged
+from ..policies.ranges import check_ranges, ranged, setting
 from .base import ChunkStep, EnvSpec, EpisodeTracker, check_action_chunk, check_env_indices
 from .cache import cache_dir, checkout_root
+from .workers import WorkerVectorEnv
 
 LAVAPIPE_ICD = cache_dir() / "mesa25" / "lvp_icd.x86_64.json"
 SETUP_HINT = ("run `make sims` (or `PY=.venv/bin/python bash scripts/setup_maniskill.sh`) to install "
@@ -90,16 +92,18 @@ def default_instruction(task: str) -> str:
 class ManiSkillConfig:
     """One ManiSkill task and how to observe / reward it."""
 
-    task: str = "PickCube-v1"                          # any ManiSkill env id
-    control_mode: str = "pd_ee_delta_pose"
-    obs_mode: Literal["state", "rgb", "rgb+state"] = "state"
-    reward: Literal["sparse", "dense", "dense_cost"] = "sparse"  # dense = ManiSkill's "normalized_dense";
-    # dense_cost = normalized_dense - 1 (see REWARD_OFFSET)
-    image_size: int = ranged(64, 1)                    # camera images are S x S
-    max_episode_steps: int | None = ranged(None, 1)    # None: the task's registered limit
-    instruction: str | None = None                     # None: default_instruction(task)
-    sim_backend: Literal["auto", "cpu", "gpu"] = "auto"  # auto: gpu on a cuda device, else cpu
-    render_size: int = ranged(256, 1)                  # render_frame() size (videos)
+    task: str = setting("PickCube-v1", doc="any ManiSkill env id")
+    control_mode: str = setting("pd_ee_delta_pose", doc="ManiSkill's controller (the action space)")
+    obs_mode: Literal["state", "rgb", "rgb+state"] = setting(
+        "state", doc="state: the flat privileged state vector; rgb: camera images and proprioception; rgb+state: both")
+    reward: Literal["sparse", "dense", "dense_cost"] = setting(
+        "sparse", doc="sparse: 1 on success; dense: ManiSkill's normalized_dense; dense_cost: normalized_dense - 1 "
+                      "(a per-step cost, see REWARD_OFFSET)")
+    image_size: int = ranged(64, 1, doc="camera images are S x S")
+    max_episode_steps: int | None = ranged(None, 1, doc="None: the task's registered limit")
+    instruction: str | None = setting(None, doc="None: default_instruction(task)")
+    sim_backend: Literal["auto", "cpu", "gpu"] = setting("auto", doc="auto: gpu on a cuda device, else cpu")
+    render_size: int = ranged(256, 1, doc="render_frame() size (videos)")
 
     def __post_init__(self):
         check_ranges(self)
@@ -523,9 +527,6 @@ def make_maniskill_env(cfg: ManiSkillConfig, num_envs: int, device="cpu", seed: 
             raise ValueError("envs_per_worker is for the CPU backend's worker processes; the GPU simulator "
                              "runs all envs in one batch")
         return ManiSkillGPUEnv(cfg, num_envs, device=device, seed=seed)
-    import functools
-
-    from .workers import WorkerVectorEnv
 
     return WorkerVectorEnv(functools.partial(ManiSkillSingleEnv, cfg), num_envs, seed=seed,
                            envs_per_worker=envs_per_worker, max_restarts=max_restarts, log=log,

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+import torch
 
 from .env_group import EnvGroup, land_reset, land_step, obs_layout
 from .worker_pool import WorkerError, WorkerPool, split_evenly
@@ -29,8 +30,6 @@ class EnvActor:
     """The Ray actor of one worker: an :class:`EnvGroup` (made a Ray actor class by :func:`_actor_class`)."""
 
     def __init__(self, factory: Callable[[], object], count: int):
-        import torch
-
         torch.set_num_threads(1)   # one env actor per reserved CPU; torch's thread pool would oversubscribe it
         self.group = EnvGroup(factory, count)
 

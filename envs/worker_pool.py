@@ -326,7 +326,7 @@ class WorkerPool:
         """Make every env's next reset start as a newly built env's would: simulators whose physics carries
         state from one episode to the next (ManiSkill's PhysX scene) rebuild it. Workers restarted later start
         new anyway. Why: a run resumed from a checkpoint has new workers; the trainer calls this where a run
-        can resume (:meth:`vla_rl.rl.trainer.Trainer.run`), so an uninterrupted run takes the same steps."""
+        can resume (:meth:`vla_rl.train.trainer.Trainer.run`), so an uninterrupted run takes the same steps."""
         self._check_idle("forget the envs' history")
         self._call({w: ("forget_history", None) for w in range(self.num_workers)})
 

@@ -11,10 +11,12 @@ Glossary: N envs, H actions per chunk, A action dims, C cameras, S image size, D
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import signal
 import traceback
+import warnings
 from collections.abc import Callable
 from multiprocessing import shared_memory
 
@@ -37,9 +39,6 @@ def quiet_worker_output() -> None:
     again (robosuite's macro-file warnings, LIBERO's task-order lines, gymnasium / ManiSkill Python warnings):
     Python warnings are ignored, log records below ERROR dropped and stdout discarded. Errors still reach the
     parent (a failure's traceback travels over the pipe; stderr, where a crash reports, is kept)."""
-    import logging
-    import warnings
-
     warnings.simplefilter("ignore")
     logging.disable(logging.WARNING)
     devnull = os.open(os.devnull, os.O_WRONLY)

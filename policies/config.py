@@ -5,19 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .ranges import check_ranges, nonneg, positive, ranged
+from .ranges import check_ranges, nonneg, positive, ranged, setting
 
 
 @dataclass(frozen=True)
 class VisionConfig:
     """Per-camera image encoder: patch embedding + a small ViT (SigLIP-like)."""
 
-    image_size: int = ranged(32, 1)
-    patch_size: int = ranged(8, 1)
-    width: int = ranged(64, 1)
-    depth: int = nonneg(1)
-    num_heads: int = ranged(2, 1)
-    mlp_dim: int = ranged(128, 1)
+    image_size: int = ranged(32, 1, doc="S: images reach the encoder at S x S pixels")
+    patch_size: int = ranged(8, 1, doc="pixels per patch side (S must be a multiple)")
+    width: int = ranged(64, 1, doc="the encoder's width")
+    depth: int = nonneg(1, doc="transformer blocks of the encoder")
+    num_heads: int = ranged(2, 1, doc="attention heads of the encoder")
+    mlp_dim: int = ranged(128, 1, doc="hidden width of the encoder's MLPs")
 
     def __post_init__(self):
         check_ranges(self)
@@ -31,8 +31,8 @@ class VisionConfig:
 class StreamConfig:
     """Width of one transformer stream (prefix backbone or action expert)."""
 
-    width: int = ranged(64, 1)
-    mlp_dim: int = ranged(128, 1)
+    width: int = ranged(64, 1, doc="the stream's width")
+    mlp_dim: int = ranged(128, 1, doc="hidden width of the stream's MLPs")
 
     def __post_init__(self):
         check_ranges(self)
@@ -46,56 +46,56 @@ class PolicyConfig:
     vision: VisionConfig = field(default_factory=VisionConfig)
     prefix: StreamConfig = field(default_factory=StreamConfig)
     expert: StreamConfig = field(default_factory=StreamConfig)
-    depth: int = ranged(2, 1)
-    num_heads: int = ranged(2, 1)
-    num_kv_heads: int = ranged(1, 1)
-    head_dim: int = ranged(32, 2)
-    rope_base: float = positive(10000.0)
-    # "words" / "bytes": offline tokenizers (policies/tokenizer.py). "sentencepiece": a SentencePiece model
-    # file (PaliGemma's tokenizer.model for imported π0 / π0.5) named by ``tokenizer_file``, relative to the
-    # policy folder; prompts follow LeRobot's processors (π0: "<task>\n"; π0.5: see ``state_input``).
-    tokenizer: Literal["words", "bytes", "sentencepiece"] = "words"
-    tokenizer_file: str = ""
-    vocab_size: int = ranged(1024, 4)   # 3 special tokens (BOS, EOS, PAD) and at least one word
-    max_text_tokens: int = ranged(16, 1)
-    num_cameras: int = nonneg(1)        # 0: a state-only policy (ManiSkill state observations)
-    # Names of the camera slots (a LeRobot checkpoint's image features, in order); informational.
-    camera_names: tuple[str, ...] = ()
-    # "error": observations must bring every camera. "mask": an observation with fewer cameras fills the
-    # first slots, and the missing slots are masked out of attention (π0's empty cameras).
-    missing_cameras: Literal["error", "mask"] = "error"
-    # How images of another size reach ``vision.image_size``: "stretch" (bilinear, antialiased) or "pad"
-    # (π0 / openpi's resize-with-pad: keep the aspect ratio, pad with black).
-    image_resize: Literal["stretch", "pad"] = "stretch"
-    state_dim: int = ranged(8, 1)
-    action_dim: int = ranged(4, 1)
-    action_horizon: int = ranged(8, 1)
-    # "concat": π0 (sin-cos time embedding concatenated with the action token, then an MLP);
-    # "adarms": π0.5 (a time MLP drives adaptive RMSNorm in every expert layer).
-    time_conditioning: Literal["concat", "adarms"] = "concat"
-    # Also make the expert's final norm adaptive (π0.5's checkpoints have it); needs "adarms".
-    adarms_final_norm: bool = False
-    # Periods of the sine-cosine flow-time embedding (π0 / π0.5: 4e-3 and 4.0).
-    time_min_period: float = positive(4e-3)
-    time_max_period: float = positive(4.0)
-    # Precision of the time embedding's angles (up to 2π / time_min_period rad): π0 / π0.5 checkpoints were
-    # trained with float64 angles; float32 moves their actions by ~3e-5.
-    time_embedding_precision: Literal["float32", "float64"] = "float32"
-    # Where the (normalised) state enters:
-    #   "token":    one projected state token at the end of the prefix;
-    #   "discrete": each state dim binned into ``state_bins`` learned tokens at the end of the prefix;
-    #   "suffix":   π0 — one projected state token leading the expert's suffix (it sees the prefix and itself,
-    #               the action tokens see it);
-    #   "prompt":   π0.5 — each state dim binned into ``state_bins`` and written into the text prompt
-    #               ("Task: ..., State: 12 200 ...;\nAction: "), no state weights.
-    state_input: Literal["token", "discrete", "suffix", "prompt"] = "token"
-    state_bins: int = ranged(256, 2)
-    # "expert": value read from the action expert's output (π0 style); "prefix": from the prefix (π0.5).
-    value_source: Literal["expert", "prefix"] = "expert"
-    value_detach: bool = False
-    value_hidden: int = ranged(64, 1)
-    noise_std_min: float = positive(0.08)
-    noise_std_max: float = positive(0.16)
+    depth: int = ranged(2, 1, doc="transformer layers (both streams)")
+    num_heads: int = ranged(2, 1, doc="query heads (both streams)")
+    num_kv_heads: int = ranged(1, 1, doc="key / value heads (grouped-query attention)")
+    head_dim: int = ranged(32, 2, doc="width of one head (even: rotary embedding)")
+    rope_base: float = positive(10000.0, doc="base of the rotary position embedding")
+    tokenizer: Literal["words", "bytes", "sentencepiece"] = setting(
+        "words", doc='"words" / "bytes": offline tokenizers (policies/tokenizer.py). "sentencepiece": a SentencePiece '
+                     "model file (PaliGemma's tokenizer.model for imported π0 / π0.5) named by ``tokenizer_file``, "
+                     "relative to the policy folder; prompts follow LeRobot's processors (π0: \"<task>\\n\"; π0.5: see "
+                     "``state_input``).")
+    tokenizer_file: str = setting("", doc="the SentencePiece model file in the policy folder (tokenizer sentencepiece)")
+    vocab_size: int = ranged(1024, 4, doc="3 special tokens (BOS, EOS, PAD) and at least one word")
+    max_text_tokens: int = ranged(16, 1, doc="prompt tokens (padded or cut to this many)")
+    num_cameras: int = nonneg(1, doc="0: a state-only policy (ManiSkill state observations)")
+    camera_names: tuple[str, ...] = setting(
+        (), doc="Names of the camera slots (a LeRobot checkpoint's image features, in order); informational.")
+    missing_cameras: Literal["error", "mask"] = setting(
+        "error", doc='"error": observations must bring every camera. "mask": an observation with fewer cameras fills '
+                     "the first slots, and the missing slots are masked out of attention (π0's empty cameras).")
+    image_resize: Literal["stretch", "pad"] = setting(
+        "stretch", doc='How images of another size reach ``vision.image_size``: "stretch" (bilinear, antialiased) or '
+                       "\"pad\" (π0 / openpi's resize-with-pad: keep the aspect ratio, pad with black).")
+    state_dim: int = ranged(8, 1, doc="the model's state width (an env's state is zero-padded to it)")
+    action_dim: int = ranged(4, 1, doc="the model's action width (an env's actions are its first dims)")
+    action_horizon: int = ranged(8, 1, doc="H: actions per chunk")
+    time_conditioning: Literal["concat", "adarms"] = setting(
+        "concat", doc='"concat": π0 (sin-cos time embedding concatenated with the action token, then an MLP); '
+                      '"adarms": π0.5 (a time MLP drives adaptive RMSNorm in every expert layer).')
+    adarms_final_norm: bool = setting(
+        False, doc="Also make the expert's final norm adaptive (π0.5's checkpoints have it); needs \"adarms\".")
+    time_min_period: float = positive(4e-3, doc="shortest period of the sine-cosine flow-time embedding (π0: 4e-3)")
+    time_max_period: float = positive(4.0, doc="longest period of the sine-cosine flow-time embedding (π0: 4.0)")
+    time_embedding_precision: Literal["float32", "float64"] = setting(
+        "float32", doc="Precision of the time embedding's angles (up to 2π / time_min_period rad): π0 / π0.5 "
+                       "checkpoints were trained with float64 angles; float32 moves their actions by ~3e-5.")
+    state_input: Literal["token", "discrete", "suffix", "prompt"] = setting(
+        "token", doc='Where the (normalised) state enters: "token": one projected state token at the end of the '
+                     'prefix; "discrete": each state dim binned into ``state_bins`` learned tokens at the end of the '
+                     "prefix; \"suffix\": π0 — one projected state token leading the expert's suffix (it sees the "
+                     'prefix and itself, the action tokens see it); "prompt": π0.5 — each state dim binned into '
+                     '``state_bins`` and written into the text prompt ("Task: ..., State: 12 200 ...;\\nAction: "), no '
+                     "state weights.")
+    state_bins: int = ranged(256, 2, doc="bins per state dim (state_input discrete or prompt)")
+    value_source: Literal["expert", "prefix"] = setting(
+        "expert", doc="\"expert\": value read from the action expert's output (π0 style); \"prefix\": from the prefix "
+                      "(π0.5).")
+    value_detach: bool = setting(False, doc="the value head's gradient does not reach the streams")
+    value_hidden: int = ranged(64, 1, doc="hidden width of the value head")
+    noise_std_min: float = positive(0.08, doc="Flow-Noise: the learned noise std's lower bound")
+    noise_std_max: float = positive(0.16, doc="Flow-Noise: the learned noise std's upper bound")
 
     def __post_init__(self):
         check_ranges(self)

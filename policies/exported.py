@@ -25,13 +25,15 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 from torch import Tensor
 
 from .config import PolicyConfig
@@ -39,7 +41,8 @@ from .inference import CompileMode, Denoiser, cast_weights
 from .layers import resize_with_pad
 from .model import FlowPolicy
 from .normalize import NormStats, actions_from_model, state_to_model
-from .schema import SchemaError, build, to_plain
+from .ranges import ConfigError, setting
+from .schema import from_dict, to_dict
 from .tokenizer import SentencePieceTokenizer, TokenizerError
 
 EXPORT_FORMAT = "vla-rl-export/1"
@@ -92,24 +95,24 @@ class CameraSpec:
 class ExportSpec:
     """What a robot needs to know to run the policy (``spec.json``)."""
 
-    state_dim: int                      # s: state values the robot sends, in its units
-    action_dim: int                     # a: action values per step the policy returns, in the robot's units
-    action_horizon: int                 # H: actions per chunk (the policy's; checked against its config)
-    execute: int                        # actions of each chunk to run before asking for the next one
-    num_steps: int                      # K: ODE denoising steps per chunk
-    sampler: Literal["ode"] = "ode"
-    action_low: float | None = -1.0     # actions are clipped to [action_low, action_high]; None: not clipped
-    action_high: float | None = 1.0
-    control_mode: str = "unknown"
-    state_names: tuple[str, ...] = ()   # empty, or one per state value
-    state_units: tuple[str, ...] = ()
-    action_names: tuple[str, ...] = ()
-    action_units: tuple[str, ...] = ()
-    cameras: tuple[CameraSpec, ...] = ()
-    instruction: str | None = None      # used when an observation carries no prompt
-    max_image_side: int = 2048          # larger images are refused (smaller ones of any size are resized)
-    notes: str = ""                     # conventions a person must know (gripper sign, image orientation)
-    source: dict[str, Any] = field(default_factory=dict)  # where the policy came from (informational)
+    state_dim: int = setting(doc="s: state values the robot sends, in its units")
+    action_dim: int = setting(doc="a: action values per step the policy returns, in the robot's units")
+    action_horizon: int = setting(doc="H: actions per chunk (the policy's; checked against its config)")
+    execute: int = setting(doc="actions of each chunk to run before asking for the next one")
+    num_steps: int = setting(doc="K: ODE denoising steps per chunk")
+    sampler: Literal["ode"] = setting("ode", doc="the deterministic ODE sampler")
+    action_low: float | None = setting(-1.0, doc="actions are clipped to [action_low, action_high]; None: not clipped")
+    action_high: float | None = setting(1.0, doc="upper clip bound of actions; None: not clipped")
+    control_mode: str = setting("unknown", doc="what an action means on the robot (e.g. maniskill:pd_ee_delta_pose)")
+    state_names: tuple[str, ...] = setting((), doc="empty, or one per state value")
+    state_units: tuple[str, ...] = setting((), doc="empty, or one unit per state value")
+    action_names: tuple[str, ...] = setting((), doc="empty, or one per action value")
+    action_units: tuple[str, ...] = setting((), doc="empty, or one unit per action value")
+    cameras: tuple[CameraSpec, ...] = setting((), doc="each camera: name, height, width, aliases")
+    instruction: str | None = setting(None, doc="used when an observation carries no prompt")
+    max_image_side: int = setting(2048, doc="larger images are refused (smaller ones of any size are resized)")
+    notes: str = setting("", doc="conventions a person must know (gripper sign, image orientation)")
+    source: dict[str, Any] = setting(default_factory=dict, doc="where the policy came from (informational)")
 
     def __post_init__(self):
         problems = []
@@ -329,7 +332,7 @@ class ExportedPolicy:
 
     def metadata(self) -> dict:
         """What a client is told about the policy (the server sends it on connect)."""
-        return {"format": EXPORT_FORMAT, **to_plain(self.spec), "weight_dtype": self.weight_dtype,
+        return {"format": EXPORT_FORMAT, **to_dict(self.spec), "weight_dtype": self.weight_dtype,
                 "compute_dtype": self.compute_dtype, "observation_keys": self.observation_keys()}
 
     def parse(self, obs: Any) -> Batch:
@@ -424,9 +427,6 @@ def _read_json(path: Path) -> dict:
 
 
 def _read_tensors(path: Path) -> dict[str, Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     if not path.is_file():
         raise ExportError(f"exported policy file missing: {path}")
     try:
@@ -450,22 +450,22 @@ def read_export_config(path: str | Path) -> tuple[PolicyConfig, NormStats, Expor
     if dtype not in WEIGHT_DTYPES:
         raise ExportError(f"{path}/config.json: dtype {dtype!r} is not one of {list(WEIGHT_DTYPES)}")
     try:
-        cfg = build(PolicyConfig, config.get("policy"), prefix="policy")
-        spec = build(ExportSpec, _read_json(path / "spec.json"), prefix="spec")
+        cfg = from_dict(PolicyConfig, config.get("policy"), prefix="policy")
+        spec = from_dict(ExportSpec, _read_json(path / "spec.json"), prefix="spec")
         normalization = config.get("normalization")
         if not isinstance(normalization, dict) or set(normalization) != {"mode", "hidden_state_dims"}:
-            raise SchemaError("normalization must hold exactly 'mode' and 'hidden_state_dims'")
+            raise ConfigError("normalization must hold exactly 'mode' and 'hidden_state_dims'")
         mode, hidden = normalization["mode"], normalization["hidden_state_dims"]
         if mode not in ("mean_std", "quantile"):
-            raise SchemaError(f"normalization.mode {mode!r} is not 'mean_std' or 'quantile'")
+            raise ConfigError(f"normalization.mode {mode!r} is not 'mean_std' or 'quantile'")
         if not isinstance(hidden, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in hidden):
-            raise SchemaError(f"normalization.hidden_state_dims must be a list of ints, got {hidden!r}")
+            raise ConfigError(f"normalization.hidden_state_dims must be a list of ints, got {hidden!r}")
         stats = _read_tensors(path / "norm_stats.safetensors")
         bad = sorted(k for k, v in stats.items() if v.is_floating_point() and not bool(torch.isfinite(v).all()))
         if bad:
             raise ExportError(f"{path}/norm_stats.safetensors: {bad[0]} contains NaN or inf")
         norm = NormStats.from_tensors(stats, mode, tuple(hidden))
-    except (SchemaError, ValueError) as e:
+    except (ConfigError, ValueError) as e:
         raise ExportError(f"{path}: {e}") from None
     check_consistency(cfg, spec, norm)
     return cfg, norm, spec, dtype

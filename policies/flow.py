@@ -434,6 +434,15 @@ def sample_flow_time(n: int, *, generator=None, device=None) -> Tensor:
     return u.pow(1.0 / 1.5) * 0.999 + 0.001
 
 
+def mean_entropy(entropy: Tensor, stochastic: Tensor, *, executed: int | None = None,
+                 dim_mask: Tensor | None = None) -> Tensor:
+    """``[N, K, H, A]`` step entropies -> ``[N]``: each chunk's mean Gaussian step entropy over its stochastic steps,
+    its first ``executed`` actions and the real dims (``dim_mask``): how much the stochastic policy still explores.
+    The rollout records it; the learner's entropy bonus maximises it."""
+    return aggregate(entropy, stochastic, steps="mean", actions="mean", dims="mean", executed=executed,
+                     dim_mask=dim_mask)
+
+
 def flow_matching_loss(
     field: Field,
     actions: Tensor,

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .ranges import ConfigError, check_ranges, fraction, nonneg, positive
+from .ranges import ConfigError, check_ranges, fraction, nonneg, positive, setting
 
 # Linear layers by name: the transformer streams' attention and MLP projections, the ViT blocks' ones.
 STREAM_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -36,11 +36,11 @@ class LoRAConfig:
     weights are frozen); a part without them is trained in full (the expert, by default) or frozen
     (``ppo.freeze_prefix``). The Flow-Noise, velocity and value heads are always trained in full."""
 
-    rank: int = nonneg(0)
-    alpha: float = positive(16.0)
-    dropout: float = fraction(0.0)
-    targets: tuple[str, ...] = STREAM_TARGETS + VISION_TARGETS
-    parts: tuple[str, ...] = ("prefix",)
+    rank: int = nonneg(0, doc="the adapters' rank r; 0: no LoRA")
+    alpha: float = positive(16.0, doc="scaling alpha: an adapter adds (alpha / r) B A to its weight")
+    dropout: float = fraction(0.0, doc="dropout on the adapters' input (below 1)")
+    targets: tuple[str, ...] = setting(STREAM_TARGETS + VISION_TARGETS, doc="the linear layers that get adapters")
+    parts: tuple[str, ...] = setting(("prefix",), doc="prefix (vision and the prefix backbone) and / or expert")
 
     def __post_init__(self):
         check_ranges(self)

@@ -13,7 +13,7 @@ block-causally (π0's state token sees the prefix and itself, the action tokens 
 
 The options of :class:`~vla_rl.policies.config.PolicyConfig` cover LeRobot's / openpi's π0 (state token in
 the suffix, concat time MLP) and π0.5 (state as text, adaptive RMSNorm throughout the expert), so their
-checkpoints load one to one (:mod:`vla_rl.interop.lerobot`).
+checkpoints load one to one (:mod:`vla_rl.checkpoint.lerobot_pi`).
 
 The model knows no algorithm: samplers and likelihoods live in :mod:`vla_rl.policies.flow`, and
 :meth:`FlowPolicy.field` adapts the model to their ``field(x_t, t)`` protocol.
@@ -338,13 +338,14 @@ class FlowPolicy(nn.Module):
     # ------------------------------------------------------------------------------------------------
     # Cached path
     # ------------------------------------------------------------------------------------------------
-    def encode_prefix(self, obs: dict, *, hidden: bool = True) -> Prefix:
+    def encode_prefix(self, obs: dict, *, hidden: bool = True, prepared: bool = False) -> Prefix:
         """Run the prefix backbone once; keep every layer's keys/values for the denoising steps.
 
         ``hidden=False`` (sampling for deployment): the last layer computes its keys and values only. Its
         attention output and MLP feed nothing but ``Prefix.hidden`` (a prefix-sourced value head), so they
-        are skipped, a quarter of the backbone's work at depth 4; ``hidden`` is then None."""
-        obs = self.prepare(obs)
+        are skipped, a quarter of the backbone's work at depth 4; ``hidden`` is then None. ``prepared``: ``obs``
+        is already :meth:`prepare`'s output (checked and tokenized), which is not redone."""
+        obs = obs if prepared else self.prepare(obs)
         h, mask = self._embed_prefix(obs)
         positions = mask.long().cumsum(dim=1) - 1
         rope = rotary_tables(positions, self.cfg.head_dim, self.cfg.rope_base)

@@ -1,10 +1,11 @@
-"""Declared valid ranges of config fields, checked when a config is built (before any work starts).
+"""Config fields: their docs and declared valid ranges, checked when a config is built (before any work starts).
 
 Every numeric field of a config dataclass says which values it accepts (``ranged`` / ``positive`` /
 ``nonneg`` / ``fraction``), and the class's ``__post_init__`` calls :func:`check_ranges`, which refuses a value
 outside its range, and any non-finite float, with a :class:`ConfigError` naming the field, the value and the
-range. This module imports nothing of the project, so ``policies/``, ``envs/`` and ``vla_rl`` all use it
-(``vla_rl.config`` re-exports it).
+range. Every field may say what it does (``doc=``; :func:`setting` for a field without a range): the text
+``vla-rl <command> --help-config`` prints (:func:`~.schema.config_help`). This module imports nothing of the
+project, so ``policies/``, ``envs/`` and ``vla_rl`` all use it (``vla_rl.config`` re-exports it).
 """
 
 from __future__ import annotations
@@ -18,12 +19,20 @@ class ConfigError(ValueError):
     """A configuration key is unknown, missing, of the wrong type or out of its range."""
 
 
-def ranged(default: Any = dataclasses.MISSING, lo: float | None = None, hi: float | None = None, *,
-           lo_open: bool = False, hi_open: bool = False, **kwargs) -> Any:
-    """A dataclass field whose value must lie in [lo, hi] (``lo_open`` / ``hi_open``: excluded; None: no
-    bound). None as a value is allowed only if the field's type allows it; floats must be finite."""
-    meta = {**kwargs.pop("metadata", {}), "range": (lo, hi, lo_open, hi_open)}
+def setting(default: Any = dataclasses.MISSING, *, doc: str = "", **kwargs) -> Any:
+    """A dataclass field with its documentation ``doc`` (one or two sentences: what it does, its values).
+    ``default_factory=`` works as in :func:`dataclasses.field`."""
+    meta = {**kwargs.pop("metadata", {}), **({"doc": doc} if doc else {})}
     return dataclasses.field(default=default, metadata=meta, **kwargs)
+
+
+def ranged(default: Any = dataclasses.MISSING, lo: float | None = None, hi: float | None = None, *,
+           lo_open: bool = False, hi_open: bool = False, doc: str = "", **kwargs) -> Any:
+    """A dataclass field whose value must lie in [lo, hi] (``lo_open`` / ``hi_open``: excluded; None: no
+    bound), documented by ``doc``. None as a value is allowed only if the field's type allows it; floats must be
+    finite."""
+    meta = {**kwargs.pop("metadata", {}), "range": (lo, hi, lo_open, hi_open)}
+    return setting(default, doc=doc, metadata=meta, **kwargs)
 
 
 def positive(default: Any = dataclasses.MISSING, **kwargs) -> Any:

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 
 PAD, BOS, EOS = 0, 1, 2
 NUM_SPECIAL = 3
@@ -97,16 +100,11 @@ class SentencePieceTokenizer:
     def from_file(path) -> SentencePieceTokenizer:
         """From a SentencePiece ``.model`` file, or a ``.safetensors`` file that holds one (as policy folders
         keep it: a uint8 tensor, so it travels with the weights through every checkpoint writer)."""
-        from pathlib import Path
-
         path = Path(path)
         if not path.is_file():
             raise TokenizerError(f"tokenizer file missing: {path}")
         if path.suffix != ".safetensors":
             return SentencePieceTokenizer(path.read_bytes(), source=str(path))
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
         try:
             data = load_file(str(path)).get(SentencePieceTokenizer.TENSOR)
         except (SafetensorError, OSError, ValueError) as e:

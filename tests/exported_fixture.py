@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from helpers import perturbed_model
 
-from vla_rl.checkpoint import save_policy
+from vla_rl.checkpoint.policy import save_policy
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 

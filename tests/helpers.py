@@ -66,10 +66,10 @@ def perturbed_model(preset: str = "tiny", overrides: dict | None = None, seed: i
 def sft_policy(folder, model_overrides: dict, steps: int):
     """Save into ``folder`` the tiny policy with ``model_overrides`` after ``steps`` SFT steps on 4 built-in
     expert demos (seeded), and return the policy folder."""
-    from vla_rl.checkpoint import save_policy
+    from vla_rl.checkpoint.policy import save_policy
     from vla_rl.data.collect import collect_builtin_demos
+    from vla_rl.policies.actor import Actor
     from vla_rl.policies.normalize import NormStats, Stats
-    from vla_rl.rl.actor import Actor
     from vla_rl.sft import SFTConfig, train_sft
 
     torch.manual_seed(0)
@@ -100,7 +100,7 @@ def step_groups_like_one_batch(grouped, reference, groups: list[range], chunk: t
 
 def train_config(init, out, **over):
     """A two-iteration built-in training of 8 envs from the policy folder ``init`` into ``out``."""
-    from vla_rl.rl.trainer import TrainConfig
+    from vla_rl.train.trainer import TrainConfig
 
     base = {"init": str(init), "env": {"num_envs": 8, "builtin": {"max_episode_steps": 16}},
             "rollout_chunks": 2, "execute": 8, "iterations": 2, "eval_every": 1, "eval_episodes": 8,

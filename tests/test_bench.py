@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from helpers import SKIP_SIMULATORS as SKIP
 
-from vla_rl.checkpoint import save_policy
+from vla_rl.checkpoint.policy import save_policy
 from vla_rl.cli import main
 from vla_rl.config import ConfigError, policy_preset
 from vla_rl.eval.bench import (

@@ -9,8 +9,8 @@ import pytest
 
 from vla_rl.config import from_dict, load_preset
 from vla_rl.policies.normalize import parse_dims
-from vla_rl.rl.trainer import TrainConfig
 from vla_rl.sft import SFTRunConfig
+from vla_rl.train.trainer import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = importlib.util.spec_from_file_location("bench_learning", ROOT / "benchmarks" / "bench_learning.py")

@@ -5,7 +5,7 @@ from typing import Literal
 
 import pytest
 
-from vla_rl.config import ConfigError, from_dict, parse_overrides, to_dict
+from vla_rl.config import ConfigError, config_help, from_dict, parse_overrides, positive, setting, to_dict
 from vla_rl.policies import tokenizer
 
 
@@ -35,6 +35,41 @@ def test_from_dict_builds_nested_and_checks_types():
         from_dict(Outer, {"flag": "yes"})
     with pytest.raises(ConfigError, match="mode"):
         from_dict(Outer, {"mode": "c"})
+
+
+@dataclass(frozen=True)
+class Documented:
+    MOVED = {"rate": "inner.rate"}   # an older flat spelling, refused with the new one
+
+    inner: Inner = setting(default_factory=Inner, doc="The inner section.")
+    steps: int = positive(3, doc="How many steps to take.")
+    mode: Literal["a", "b"] = setting("a", doc="Which way.")
+
+
+def test_field_docs_are_the_help_text_and_moved_keys_name_their_new_place():
+    text = config_help(Documented)
+    assert "steps: int = 3  in (0, inf)\n    How many steps to take." in text
+    assert "mode: 'a' | 'b' = 'a'\n    Which way." in text
+    assert "inner:  section\n    The inner section." in text and "inner.rate: float = 0.1" in text
+    with pytest.raises(ConfigError, match="rate is now inner.rate: write inner.rate=0.5 instead"):
+        from_dict(Documented, {"rate": 0.5})
+    with pytest.raises(ConfigError, match="outer.rate is now outer.inner.rate"):
+        from_dict(Documented, {"rate": 0.5}, prefix="outer")
+    assert from_dict(Documented, {"inner": {"rate": 0.5}}).inner.rate == 0.5
+
+
+def test_every_command_lists_its_settings(capsys):
+    from vla_rl.cli import CONFIGS, main
+
+    for command in CONFIGS:
+        with pytest.raises(SystemExit) as stop:
+            main([command, "--help-config"])
+        assert stop.value.code == 0
+        out = capsys.readouterr().out
+        assert f"`vla-rl {command}` settings" in out and " = " in out
+    with pytest.raises(SystemExit):
+        main(["eval", "--help-config"])
+    assert "sampler.method: 'ode' | 'sde' | 'noise' = 'ode'\n    ode: deterministic" in capsys.readouterr().out
 
 
 def test_overrides_parse_values_as_yaml():
@@ -75,7 +110,7 @@ def test_every_shipped_preset_loads_and_its_model_builds():
 
     from vla_rl.config import load_preset, policy_preset
     from vla_rl.policies.model import FlowPolicy
-    from vla_rl.rl.trainer import TrainConfig
+    from vla_rl.train.trainer import TrainConfig
 
     root = Path(__file__).resolve().parent.parent / "configs"
     experiments = sorted(p.stem for p in (root / "experiment").glob("*.yaml"))

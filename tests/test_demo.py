@@ -1,7 +1,7 @@
 """`vla-rl demo` (the README's main command) end to end at toy size: SFT, the sampler table, RL, and the
 before / after evaluation on the same episodes."""
 
-from vla_rl.checkpoint import load_policy
+from vla_rl.checkpoint.policy import load_policy
 from vla_rl.cli import main as cli_main
 
 

@@ -12,12 +12,12 @@ from vla_rl.config import ConfigError, from_dict, policy_preset
 from vla_rl.distributed.config import RayConfig
 from vla_rl.distributed.gradsync import pack_gradients, sum_over_learners, unpack_gradients
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.rollout import collect_rollout
-from vla_rl.rl.trainer import TrainConfig, resumed_config
+from vla_rl.train.trainer import TrainConfig, resumed_config
 
 SMALL = {"depth": 1, "vision": {"depth": 1}, "prefix": {"width": 32, "mlp_dim": 64},
          "expert": {"width": 32, "mlp_dim": 64}, "value_hidden": 32}

@@ -16,14 +16,14 @@ import torch
 import yaml
 from exported_fixture import observation, policy_folder
 
-from vla_rl.checkpoint import CheckpointError
+from vla_rl.checkpoint.folders import CheckpointError
 from vla_rl.cli import main
 from vla_rl.config import ConfigError, policy_preset
 from vla_rl.interop.export import export_nbytes, export_policy, resolve_source
 from vla_rl.outputs import OutputIsInputError
 from vla_rl.policies import ExportError, ObservationError, load_exported
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.normalize import NormStats, Stats, actions_from_model, actions_to_model, state_to_model
-from vla_rl.rl.actor import Actor, SamplerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -81,7 +81,8 @@ def test_exported_actions_equal_the_training_actor(source, exports):
     batch = {"images": torch.from_numpy(np.stack([o["image"] for o in obs]))[:, None],
              "state": torch.from_numpy(np.stack([o["state"] for o in obs])), "instruction": [o["prompt"] for o in obs]}
     with torch.inference_mode():
-        want = actor.act(batch, SamplerConfig(num_steps=3), generator=torch.Generator().manual_seed(7)).actions
+        want = actor.act(actor.observe(batch), SamplerConfig(num_steps=3),
+                         generator=torch.Generator().manual_seed(7)).actions
     got = policy.infer({"image": batch["images"][:, 0].numpy(), "state": batch["state"].numpy(),
                         "prompt": batch["instruction"]}, seed=7)
     assert got.shape == (3, 8, 2) and got.dtype == np.float32
@@ -287,7 +288,7 @@ def test_overrides_and_bad_overrides(source, tmp_path):
     p = load_exported(out)
     assert (p.spec.execute, p.spec.num_steps, p.spec.cameras[0].name, p.spec.action_low) == (2, 7, "top", -0.5)
     assert (p.infer({**observation(0, key="top")}) >= -0.5).all()
-    for bad, message in [({"execute": 9}, "execute must be in"), ({"bogus": 1}, "unknown key"),
+    for bad, message in [({"execute": 9}, "execute must be in"), ({"bogus": 1}, "unknown config key"),
                          ({"num_steps": "ten"}, "expected an integer"), ({"action_low": 2.0}, "action_low <"),
                          ({"cameras": []}, "takes 1"), ({"state_names": ["x"]}, "state_names has 1")]:
         with pytest.raises(ConfigError, match=message):
@@ -390,7 +391,7 @@ def test_export_of_the_demo_policy_describes_its_robot_and_sampler(tmp_path):
     from vla_rl.config import to_dict
     from vla_rl.demo import DemoConfig
 
-    demo = DemoConfig(num_steps=4, execute=6)
+    demo = DemoConfig(sampler=SamplerConfig(num_steps=4), execute=6)
     meta = {"env": {"name": "builtin/color_reach", "state_dim": 4, "action_dim": 2}, "demo": to_dict(demo)}
     src, _, _ = policy_folder(tmp_path / "demo" / "sft", meta=meta)
     out = export_policy(src, tmp_path / "robot", dtype="fp32")

@@ -6,8 +6,8 @@ import torch
 from helpers import make_obs, perturbed_model
 
 from vla_rl.policies import flow
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.rl.actor import Actor, SamplerConfig
 
 PRESETS = ["tiny", "tiny_pi05"]
 
@@ -25,7 +25,7 @@ def test_actor_chunk_equals_act_for_the_ode_sampler(name):
     obs = make_obs(model.cfg, 4)
     sampler = SamplerConfig(5, "ode")
     with torch.inference_mode():
-        reference = actor.act(obs, sampler, generator=torch.Generator().manual_seed(7)).actions
+        reference = actor.act(actor.observe(obs), sampler, generator=torch.Generator().manual_seed(7)).actions
         fast = actor.chunk(obs, sampler, generator=torch.Generator().manual_seed(7))
     assert torch.equal(fast, reference)
 
@@ -36,7 +36,7 @@ def test_actor_chunk_with_a_stochastic_sampler_is_act():
     obs = make_obs(model.cfg, 3)
     sampler = SamplerConfig(4, "sde", sde_mode="all")
     with torch.inference_mode():
-        reference = actor.act(obs, sampler, generator=torch.Generator().manual_seed(3)).actions
+        reference = actor.act(actor.observe(obs), sampler, generator=torch.Generator().manual_seed(3)).actions
         chunk = actor.chunk(obs, sampler, generator=torch.Generator().manual_seed(3))
     assert torch.equal(chunk, reference)
 

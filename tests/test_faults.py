@@ -28,7 +28,7 @@ import torch
 from helpers import needs_simulator, sft_policy
 
 import vla_rl
-from vla_rl.checkpoint import CheckpointError, NonFiniteError, read_tensors
+from vla_rl.checkpoint.folders import CheckpointError, NonFiniteError, read_tensors
 from vla_rl.cli import main as cli_main
 from vla_rl.config import ConfigError, describe_range, from_dict
 from vla_rl.outputs import OutputExistsError
@@ -124,7 +124,7 @@ def test_a_value_outside_the_range_is_refused_naming_field_value_and_range(cls, 
 
 
 def test_range_errors_carry_the_key_path_of_nested_configs():
-    from vla_rl.rl.trainer import TrainConfig
+    from vla_rl.train.trainer import TrainConfig
 
     for over, want in [({"ppo": {"clip": -0.1}}, "ppo.clip = -0.1 is outside its valid range (0, inf)"),
                        ({"ppo": {"gamma": 5.0}}, "ppo.gamma = 5.0 is outside its valid range [0, 1]"),
@@ -181,7 +181,7 @@ def overrides(init, out, iterations=2, **more) -> list[str]:
 
 def train_config(init, out, iterations=2, **more):
     from vla_rl.config import merge, parse_overrides
-    from vla_rl.rl.trainer import TrainConfig
+    from vla_rl.train.trainer import TrainConfig
 
     return from_dict(TrainConfig, merge({**parse_overrides(overrides(init, out, iterations)), "progress": False},
                                         more))
@@ -208,7 +208,7 @@ def one_error_line(capsys, kind: str) -> str:
 # 2. A reused output is refused (exit 2, before any work); --overwrite starts over
 # ----------------------------------------------------------------------------------------------------
 def test_train_into_a_run_folder_is_refused_and_overwrite_starts_over(sft, tmp_path, capsys):
-    from vla_rl.rl.trainer import Trainer
+    from vla_rl.train.trainer import Trainer
 
     run = tmp_path / "run"
     assert cli_main(["train", "builtin_flow_noise", *overrides(sft, run, iterations=1), "--no-progress"]) == 0
@@ -255,7 +255,7 @@ def test_collect_help_says_what_collect_does_with_an_occupied_folder(capsys):
 
 
 def test_keep_last_never_deletes_the_checkpoint_just_saved_nor_later_ones(tmp_path):
-    from vla_rl.rl.state import checkpoint_path, list_checkpoints, prune
+    from vla_rl.checkpoint.training import checkpoint_path, list_checkpoints, prune
 
     for it in (1, 2, 3, 7, 12):
         checkpoint_path(tmp_path, it).mkdir(parents=True)
@@ -270,7 +270,7 @@ def test_keep_last_never_deletes_the_checkpoint_just_saved_nor_later_ones(tmp_pa
 # 3. A non-finite model is never written; a run whose updates are all skipped stops with an error
 # ----------------------------------------------------------------------------------------------------
 def test_non_finite_tensors_are_never_written_and_the_old_folder_stays(tmp_path):
-    from vla_rl.checkpoint import write_atomic_folder
+    from vla_rl.checkpoint.folders import write_atomic_folder
 
     path = write_atomic_folder(tmp_path / "ckpt", tensors={"model": {"w": torch.ones(3)}}, yamls={"config": {"a": 1}})
     before = (path / "model.safetensors").read_bytes()
@@ -283,8 +283,8 @@ def test_non_finite_tensors_are_never_written_and_the_old_folder_stays(tmp_path)
 
 def test_weights_made_non_finite_stop_the_run_and_the_last_good_checkpoint_stays_newest(sft, tmp_path, monkeypatch,
                                                                                          capsys):
+    from vla_rl.checkpoint.training import list_checkpoints, verify_checkpoint
     from vla_rl.rl import learner as learner_mod
-    from vla_rl.rl.state import list_checkpoints, verify_checkpoint
 
     real = learner_mod.Learner.update
 
@@ -332,7 +332,7 @@ def test_a_run_whose_updates_are_all_skipped_stops_with_an_error(sft, tmp_path, 
 # ----------------------------------------------------------------------------------------------------
 def test_resume_from_another_directory_without_the_init_folder_matches_the_uninterrupted_run(sft, tmp_path,
                                                                                             monkeypatch):
-    from vla_rl.rl.trainer import Trainer, resume_trainer
+    from vla_rl.train.trainer import Trainer, resume_trainer
 
     init = tmp_path / "init"
     shutil.copytree(sft, init)
@@ -377,6 +377,34 @@ def test_debug_flag_and_env_variable_show_the_traceback(tmp_path, monkeypatch, c
     one_error_line(capsys, "config")
 
 
+def test_bench_export_report_and_serve_errors_take_the_one_error_path(tmp_path, capsys):
+    """Every user error reaches the user through cli.main's one path (its kind from USER_ERRORS): no command
+    prints its own."""
+    import ast
+    import inspect
+
+    import vla_rl.cli as cli
+
+    assert cli_main(["bench", str(tmp_path)]) == 2
+    assert "give a CHECKPOINT and --suite" in one_error_line(capsys, "bench")
+    assert cli_main(["report", str(tmp_path / "no_run"), "--out", str(tmp_path / "report")]) == 2
+    one_error_line(capsys, "report")
+    assert cli_main(["export", str(tmp_path / "no_policy"), str(tmp_path / "export")]) == 2
+    assert "vla-rl: " in capsys.readouterr().err
+    printers = [f.name for f in ast.walk(ast.parse(inspect.getsource(cli))) if isinstance(f, ast.FunctionDef)
+                and any(isinstance(n, ast.keyword) and n.arg == "file" for n in ast.walk(f))]
+    assert printers == ["report_error"], printers   # only report_error writes to stderr
+
+
+def test_every_user_error_class_exists_where_the_cli_looks_it_up():
+    """USER_ERRORS names each class by the module that defines it (a moved class would turn its errors into bugs)."""
+    from vla_rl.cli import USER_ERRORS
+
+    for module, name, _ in USER_ERRORS:
+        cls = getattr(importlib.import_module(module), name)
+        assert isinstance(cls, type) and issubclass(cls, Exception) and cls.__module__ == module, (module, name)
+
+
 def test_a_bug_is_one_line_with_exit_1_and_points_at_debug(tmp_path, monkeypatch, capsys):
     import vla_rl.data.collect as collect
 
@@ -408,7 +436,7 @@ def test_empty_dataset_and_missing_cuda_are_one_line_errors(tmp_path, capsys):
 
 def test_a_dead_env_worker_gives_advice_a_cli_user_can_follow(sft, tmp_path, monkeypatch, capsys):
     from vla_rl.envs.workers import WorkerError
-    from vla_rl.rl import trainer as trainer_mod
+    from vla_rl.train import trainer as trainer_mod
 
     def die(self):
         raise WorkerError(0, "maniskill-PickCube worker 0 (envs 0-7) died: killed by signal SIGKILL")
@@ -424,7 +452,7 @@ def test_a_dead_env_worker_gives_advice_a_cli_user_can_follow(sft, tmp_path, mon
 @pytest.mark.parametrize("resume", [False, True])
 def test_advice_after_a_stop_names_the_run_folder(sft, tmp_path, monkeypatch, capsys, resume):
     """Ctrl-C and a training error tell the user how to continue with the run's own folder, not `RUN_DIR`."""
-    from vla_rl.rl import trainer as trainer_mod
+    from vla_rl.train import trainer as trainer_mod
 
     run = tmp_path / "run"
     assert cli_main(["train", "builtin_flow_noise", *overrides(sft, run, iterations=1)]) == 0
@@ -449,7 +477,7 @@ def test_resume_refuses_overrides_that_cannot_apply_and_records_none(finished_ru
     """init=, model= and out= cannot change a resumed run (its policy is the checkpoint's, its folder its own),
     and --overwrite cannot start over what --resume continues: each is a config error, and the run's config.yaml
     is left as it was."""
-    from vla_rl.rl.trainer import resume_trainer
+    from vla_rl.train.trainer import resume_trainer
 
     run = damaged(finished_run, tmp_path)
     before = (run / "config.yaml").read_text()
@@ -468,8 +496,8 @@ def test_resume_refuses_overrides_that_cannot_apply_and_records_none(finished_ru
 def test_a_full_disk_keeps_the_previous_checkpoint_and_is_one_line(sft, tmp_path, monkeypatch, capsys):
     import errno
 
-    import vla_rl.checkpoint as ckpt_mod
-    from vla_rl.rl.state import list_checkpoints, verify_checkpoint
+    import vla_rl.checkpoint.folders as ckpt_mod
+    from vla_rl.checkpoint.training import list_checkpoints, verify_checkpoint
 
     real, calls = ckpt_mod.save_file, []
 
@@ -498,7 +526,7 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_is_one_line(sft, tmp_path
 @pytest.fixture(scope="module")
 def finished_run(sft, tmp_path_factory) -> Path:
     """A 2-iteration run with both checkpoints kept (copied by each test that damages it)."""
-    from vla_rl.rl.trainer import Trainer
+    from vla_rl.train.trainer import Trainer
 
     run = tmp_path_factory.mktemp("finished") / "run"
     with Trainer(train_config(sft, run, iterations=2), log=QUIET) as t:
@@ -518,7 +546,7 @@ def damaged(finished_run, tmp_path) -> Path:
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_and_says_so(finished_run, tmp_path, damage):
     from safetensors.torch import save_file
 
-    from vla_rl.rl.trainer import resume_trainer
+    from vla_rl.train.trainer import resume_trainer
 
     run = damaged(finished_run, tmp_path)
     newest = run / "checkpoints" / "iter_000002"
@@ -588,7 +616,7 @@ def test_with_no_intact_checkpoint_resume_is_a_one_line_error_naming_each(finish
 
 
 def test_a_torn_last_metrics_line_does_not_block_resume(finished_run, tmp_path):
-    from vla_rl.rl.trainer import resume_trainer
+    from vla_rl.train.trainer import resume_trainer
 
     run = damaged(finished_run, tmp_path)
     good = read_jsonl(run / "metrics.jsonl")
@@ -606,7 +634,7 @@ def test_a_torn_last_metrics_line_does_not_block_resume(finished_run, tmp_path):
 
 
 def test_leftovers_of_an_interrupted_save_are_tidied_on_resume(finished_run, tmp_path):
-    from vla_rl.rl.trainer import resume_trainer
+    from vla_rl.train.trainer import resume_trainer
 
     run = damaged(finished_run, tmp_path)
     ckpts = run / "checkpoints"
@@ -631,7 +659,7 @@ def test_eval_of_a_run_folder_evaluates_its_newest_checkpoint(finished_run, caps
 # ----------------------------------------------------------------------------------------------------
 KILL_IN_SAVE = """
 import os, signal, sys
-import vla_rl.checkpoint as ckpt
+import vla_rl.checkpoint.folders as ckpt
 real = ckpt.save_file
 def save_file(tensors, path, *a, **k):
     if "iter_000002" in path and path.endswith("optimizer.safetensors"):
@@ -758,8 +786,8 @@ def test_a_killed_worker_is_restarted_its_envs_reset_with_their_seeds_up_to_the_
 
 
 def test_a_worker_killed_mid_rollout_drops_its_partial_episodes_from_the_update(sft):
-    from vla_rl.checkpoint import load_policy
-    from vla_rl.rl.actor import Actor, SamplerConfig
+    from vla_rl.checkpoint.policy import load_policy
+    from vla_rl.policies.actor import Actor, SamplerConfig
     from vla_rl.rl.learner import Learner, PPOConfig
     from vla_rl.rl.rollout import collect_rollout
 
@@ -793,7 +821,7 @@ def test_a_worker_killed_mid_rollout_drops_its_partial_episodes_from_the_update(
 def test_training_survives_a_worker_killed_mid_run(sft, tmp_path, monkeypatch):
     """The trainer on worker envs (the built-in task in worker processes stands in for ManiSkill / LIBERO,
     built by make_env with env.restart_dead_workers) loses a worker during iteration 2 and carries on."""
-    import vla_rl.rl.trainer as trainer_mod
+    import vla_rl.train.trainer as trainer_mod
 
     def make_env(cfg, *, num_envs, device, seed, log=None):
         env = worker_pool(num_envs=num_envs, per_worker=4, restarts=cfg.restart_dead_workers, log=log)
@@ -945,11 +973,11 @@ def test_a_resumed_maniskill_run_reproduces_the_uninterrupted_run(tmp_path):
     """PushCube on 2 worker processes, episodes of 20 steps (many start inside a rollout), a checkpoint every 2
     iterations: the run resumed at iteration 2 (new workers) gives every metric of the uninterrupted run, bit for
     bit, as a second uninterrupted run does."""
-    from vla_rl.rl.trainer import Trainer, resume_trainer
+    from vla_rl.train.trainer import Trainer, resume_trainer
 
     model = tmp_path / "state_policy.yaml"
     model.write_text("num_cameras: 0\nstate_dim: 35\naction_dim: 7\ndepth: 1\n")
-    from vla_rl.rl.trainer import TrainConfig
+    from vla_rl.train.trainer import TrainConfig
 
     over = {"init": None, "model": str(model), "rollout_chunks": 4, "eval_every": 2, "eval_episodes": 2,
             "save_every": 2, "keep_last": 5, "threads": 1, "tensorboard": False, "progress": False,

@@ -13,8 +13,8 @@ from helpers import perturbed_model
 from safetensors.torch import load_file, save_file
 
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.rollout import collect_rollout
 
@@ -120,7 +120,7 @@ def test_two_sharded_learners_take_the_step_of_one_learner(sharded, case):
 
 def test_sharding_config_is_checked():
     from vla_rl.config import ConfigError, from_dict
-    from vla_rl.rl.trainer import TrainConfig
+    from vla_rl.train.trainer import TrainConfig
 
     with pytest.raises(ConfigError, match="sharding: fsdp splits the learners' tensors among several learners"):
         from_dict(TrainConfig, {"runtime": "ray", "ray": {"learners": 1, "sharding": "fsdp"}})

@@ -13,9 +13,9 @@ from helpers import make_obs, perturbed_model, train_config
 
 from vla_rl.envs.builtin import ColorReachEnv
 from vla_rl.policies import flow
-from vla_rl.rl.actor import Actor, SamplerConfig
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.rl.rollout import collect_rollout
-from vla_rl.rl.trainer import Trainer, resume_trainer
+from vla_rl.train.trainer import Trainer, resume_trainer
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -87,7 +87,7 @@ def test_builtin_env_on_cuda_passes_the_contract():
 
 
 def test_rollout_stays_on_the_device(sft_checkpoint):
-    from vla_rl.checkpoint import load_policy
+    from vla_rl.checkpoint.policy import load_policy
 
     model, norm, _ = load_policy(sft_checkpoint, device="cuda")
     env = ColorReachEnv(8, device="cuda", seed=0)

@@ -16,12 +16,12 @@ from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
 from vla_rl.eval.bench import BenchConfig
 from vla_rl.eval.evaluate import EvalConfig
 from vla_rl.policies import flow, inference
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.inference import Denoiser, cast_weights, euler_steps, weight_dtype
 from vla_rl.policies.layers import RMSNorm
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.policies.recompute import activation_checkpointing
-from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.rollout import collect_rollout
 
@@ -160,7 +160,8 @@ def test_actor_chunk_with_a_fallback_mode_equals_act():
     sampler = SamplerConfig(6, "ode")
     with torch.inference_mode(), pytest.warns(RuntimeWarning, match="CUDA"):
         fast = Actor(model, norm, compile="cudagraph").chunk(obs, sampler, generator=torch.Generator().manual_seed(5))
-        reference = Actor(model, norm).act(obs, sampler, generator=torch.Generator().manual_seed(5)).actions
+        plain = Actor(model, norm)
+        reference = plain.act(plain.observe(obs), sampler, generator=torch.Generator().manual_seed(5)).actions
     assert torch.equal(fast, reference)
 
 
@@ -281,12 +282,12 @@ def test_actor_chunk_through_a_cuda_graph_equals_act():
         norm = NormStats(Stats.identity(model.cfg.state_dim), Stats.identity(model.cfg.action_dim))
         obs = {k: v.cuda() if torch.is_tensor(v) else v for k, v in make_obs(model.cfg, 4).items()}
         sampler = SamplerConfig(10, "ode")
-        graphed = Actor(model, norm, compile="cudagraph")
+        graphed, plain = Actor(model, norm, compile="cudagraph"), Actor(model, norm)
         with torch.inference_mode():
             for seed in (0, 1):
                 fast = graphed.chunk(obs, sampler, generator=torch.Generator("cuda").manual_seed(seed))
-                reference = Actor(model, norm).act(obs, sampler,
-                                                   generator=torch.Generator("cuda").manual_seed(seed)).actions
+                reference = plain.act(plain.observe(obs), sampler,
+                                      generator=torch.Generator("cuda").manual_seed(seed)).actions
                 assert (fast - reference).abs().max().item() <= 1e-5
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
@@ -316,7 +317,7 @@ def test_learner_with_checkpointing_under_bf16_autocast_on_cuda():
 def test_eval_takes_dtype_and_compile(tmp_path):
     """`vla-rl eval ... dtype=bf16 compile=cudagraph`: on a CPU the loop falls back (a warning) and evaluates
     the same episodes as the default; bf16 weights evaluate too."""
-    from vla_rl.checkpoint import save_policy
+    from vla_rl.checkpoint.policy import save_policy
     from vla_rl.data.collect import collect_builtin_demos
     from vla_rl.eval.evaluate import evaluate_checkpoint
 

@@ -5,11 +5,12 @@ import json
 import pytest
 import torch
 
-from vla_rl.checkpoint import CheckpointError, load_policy, save_policy
+from vla_rl.checkpoint.folders import CheckpointError
+from vla_rl.checkpoint.policy import load_policy, save_policy
 from vla_rl.config import policy_preset
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats, parse_dims
-from vla_rl.rl.actor import Actor, SamplerConfig
 
 
 def test_parse_dims_known_answers_and_errors():
@@ -49,7 +50,8 @@ def _act(actor, state):
     obs = {"images": torch.zeros(len(state), 0, 32, 32, 3, dtype=torch.uint8), "state": state,
            "instruction": ["go"] * len(state)}
     with torch.inference_mode():
-        return actor.act(obs, SamplerConfig(num_steps=2), generator=torch.Generator().manual_seed(1)).actions
+        return actor.act(actor.observe(obs), SamplerConfig(num_steps=2),
+                         generator=torch.Generator().manual_seed(1)).actions
 
 
 def test_actions_do_not_depend_on_hidden_dims_but_do_on_the_others():

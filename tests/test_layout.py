@@ -1,9 +1,10 @@
-"""The package's rooms import downhill and nothing imports in a circle.
+"""The package's rooms stand on floors: every import between rooms goes down, so no room imports another in a
+circle (and no module imports in a circle).
 
-Order: ``vla_rl.cli`` -> the rooms (``rl``, ``eval``, ``data``, ``interop``, ``distributed``, ``sft``, ``demo``)
--> the plumbing (``config``, ``checkpoint``, ``outputs``, ``env_factory``, ``progress``, ``threads``) -> ``envs``
--> ``policies``. Imports inside functions count too: a lazy import that closes a circle is still a circle. The
-modules are read as source (nothing is imported), so optional simulators need not be installed.
+``FLOORS`` lists the rooms from the top (the command line) to the bottom (the policy package): a room may import
+its own modules and the rooms of the floors below it, never a room of its own floor or of a floor above. Imports
+inside functions count too: a lazy import that closes a circle is still a circle. The modules are read as source
+(nothing is imported), so optional simulators need not be installed. The README's Layout section draws these floors.
 """
 
 from __future__ import annotations
@@ -13,9 +14,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = {"vla_rl": ROOT / "vla_rl", "vla_rl.envs": ROOT / "envs", "vla_rl.policies": ROOT / "policies"}
-ROOMS = ("vla_rl.rl", "vla_rl.eval", "vla_rl.data", "vla_rl.interop", "vla_rl.distributed", "vla_rl.sft", "vla_rl.demo")
-PLUMBING = ("vla_rl.config", "vla_rl.checkpoint", "vla_rl.outputs", "vla_rl.env_factory", "vla_rl.progress",
-            "vla_rl.threads")
+# Top to bottom. A room is a package folder or a top-level module.
+ENVS_MAY_USE = ("vla_rl.policies.ranges", "vla_rl.policies.schema")
+FLOORS = (
+    ("vla_rl.cli",),                                                   # parses the command line, calls a job
+    ("vla_rl.demo",),                                                  # SFT, then an RL run, on the built-in task
+    ("vla_rl.train", "vla_rl.sft"),                                    # the jobs: an RL run, imitation
+    ("vla_rl.eval", "vla_rl.interop", "vla_rl.distributed"),           # evaluation; export / serve; Ray
+    ("vla_rl.rl", "vla_rl.data"),                                      # the RL algorithm; datasets and demos
+    ("vla_rl.checkpoint", "vla_rl.env_factory", "vla_rl.outputs", "vla_rl.progress", "vla_rl.threads"),
+    ("vla_rl.config",),                                                # presets, overrides, devices
+    ("vla_rl.envs",),                                                  # the env interface and its adapters
+    ("vla_rl.policies",),                                              # the policy, its math, the config schema
+)
 
 
 def module_files() -> dict[str, Path]:
@@ -29,12 +40,13 @@ def module_files() -> dict[str, Path]:
     return out
 
 
-def imported_modules(name: str, path: Path, known: set[str]) -> set[str]:
-    """The project modules ``name`` imports anywhere in its source. ``from pkg import mod`` counts as an import
-    of ``pkg.mod`` alone; the bare top package ``vla_rl`` (whose ``__init__`` imports nothing) is left out."""
+def imported_modules(name: str, path: Path, known: set[str], tree: ast.AST | None = None) -> set[str]:
+    """The project modules ``name`` imports anywhere in its source (or in ``tree``, a part of it). ``from pkg import
+    mod`` counts as an import of ``pkg.mod`` alone; the bare top package ``vla_rl`` (whose ``__init__`` imports
+    nothing) is left out."""
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree or ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -83,9 +95,9 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_reader_sees_lazy_and_relative_imports():
     graph = import_graph()
-    assert "vla_rl.envs.workers" in graph["vla_rl.envs.maniskill"]        # inside a function, relative
-    assert "vla_rl.policies.flow" in graph["vla_rl.rl.actor"]             # from vla_rl.policies import flow
-    assert "vla_rl.rl.trainer" in graph["vla_rl.cli"]
+    assert "vla_rl.envs.workers" in graph["vla_rl.envs.maniskill"]        # relative
+    assert "vla_rl.policies.flow" in graph["vla_rl.rl.learner"]           # from vla_rl.policies import flow
+    assert "vla_rl.train.trainer" in graph["vla_rl.cli"]                  # inside a function
 
 
 def test_find_cycle_reports_a_circle():
@@ -97,23 +109,79 @@ def test_no_module_imports_in_a_circle():
     assert find_cycle(import_graph()) is None
 
 
-def test_imports_go_downhill():
-    graph = import_graph()
+def room_of(module: str) -> str | None:
+    return next((r for floor in FLOORS for r in floor if in_room(module, (r,))), None)
+
+
+def floor_of(room: str) -> int:
+    """0 for the top floor."""
+    return next(i for i, floor in enumerate(FLOORS) if room in floor)
+
+
+def room_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    rooms: dict[str, set[str]] = {r: set() for floor in FLOORS for r in floor}
+    for module, deps in graph.items():
+        src = room_of(module)
+        if src is not None:
+            rooms[src] |= {room_of(d) for d in deps if room_of(d) not in (None, src)}
+    return rooms
+
+
+def test_every_module_stands_in_a_room():
+    homeless = sorted(m for m in import_graph() if m != "vla_rl" and room_of(m) is None)
+    assert not homeless, f"modules in no room of FLOORS (add them to test_layout): {homeless}"
+
+
+def test_no_room_imports_another_in_a_circle():
+    assert find_cycle(room_graph(import_graph())) is None
+
+
+def test_imports_go_down_the_floors():
+    """Every import between rooms goes to a lower floor; envs/ may use only the schema of policies/."""
     problems = []
-    for module, deps in sorted(graph.items()):
-        if in_room(module, ("vla_rl.policies",)):
-            allowed = ("vla_rl.policies",)
-        elif in_room(module, ("vla_rl.envs",)):
-            allowed = ("vla_rl.envs", "vla_rl.policies.ranges")
-        elif in_room(module, PLUMBING):
-            allowed = (*PLUMBING, "vla_rl.envs", "vla_rl.policies")
-        elif in_room(module, ROOMS):
-            allowed = (*ROOMS, *PLUMBING, "vla_rl.envs", "vla_rl.policies")
-        else:
-            assert module in ("vla_rl", "vla_rl.cli"), f"{module} belongs to no room: add it to test_layout"
+    for module, deps in sorted(import_graph().items()):
+        src = room_of(module)
+        if src is None:
             continue
-        problems += [f"{module} imports {d}" for d in sorted(deps) if not in_room(d, allowed)]
-    assert not problems, "imports that go uphill:\n" + "\n".join(problems)
+        for d in sorted(deps):
+            dst = room_of(d)
+            if dst is None or dst == src:
+                continue
+            if floor_of(dst) <= floor_of(src):
+                problems.append(f"{module} imports {d} ({dst} is not on a floor below {src})")
+            elif src == "vla_rl.envs" and not in_room(d, ENVS_MAY_USE):
+                problems.append(f"{module} imports {d} (envs/ uses only {', '.join(ENVS_MAY_USE)} of policies/)")
+    assert not problems, "imports that do not go down:\n" + "\n".join(problems)
+
+
+# The modules that import the project's own code inside functions on purpose: the command line imports a command's
+# job when it runs (so parsing, `--help` and `serve` start without torch or the training packages), and the policy
+# package loads its exported-policy reader on first use.
+LAZY_BY_DESIGN = ("vla_rl.cli", "vla_rl.policies")
+
+
+def test_the_projects_own_modules_are_imported_at_the_top():
+    """The floors leave no circle for a function-level import to break, so one of the project's own modules is a
+    habit that hides what a module needs; optional packages (simulators, Ray, plotting) stay lazy."""
+    files = module_files()
+    known = set(files)
+    lazy = []
+    for name, path in files.items():
+        if name in LAZY_BY_DESIGN:
+            continue
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                body = ast.Module(body=fn.body, type_ignores=[])
+                inner = [n.lineno for n in ast.walk(body) if isinstance(n, (ast.Import, ast.ImportFrom))]
+                if inner and imported_modules(name, path, known, tree=body):
+                    lazy.append(f"{path.relative_to(ROOT)}:{inner[0]} ({fn.name})")
+    assert not lazy, "function-level imports of the project's own modules:\n" + "\n".join(sorted(set(lazy)))
+
+
+def test_the_rollout_reaches_the_model_through_its_actor_alone():
+    """rl/rollout.py never reads an attribute ``model`` (``actor.model.prepare`` and the like)."""
+    tree = ast.parse((ROOT / "vla_rl" / "rl" / "rollout.py").read_text())
+    assert not [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "model"]
 
 
 def test_every_package_folder_is_installed():

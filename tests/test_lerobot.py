@@ -144,7 +144,7 @@ def test_write_is_atomic(dataset, demos, monkeypatch):
 
 
 def test_cli_collect_then_sft(tmp_path, capsys):
-    from vla_rl.checkpoint import load_policy
+    from vla_rl.checkpoint.policy import load_policy
     from vla_rl.cli import main
 
     ds, out = tmp_path / "demos", tmp_path / "policy"

@@ -10,8 +10,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from vla_rl.checkpoint.lerobot_pi import LeRobotImportError, is_lerobot_folder, load_lerobot, read_norm_stats
 from vla_rl.config import policy_preset
-from vla_rl.interop.lerobot import LeRobotImportError, is_lerobot_folder, load_lerobot, read_norm_stats
 from vla_rl.policies import flow
 from vla_rl.policies.model import FlowPolicy, count_parameters
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 from helpers import SKIP_SIMULATORS as SKIP
 
-from vla_rl.checkpoint import CheckpointError, save_policy
+from vla_rl.checkpoint.folders import CheckpointError
+from vla_rl.checkpoint.policy import save_policy
 from vla_rl.cli import main
 from vla_rl.config import ConfigError, from_dict, policy_preset
 from vla_rl.data.lerobot import detect_keys, read_lerobot_dataset, read_lerobot_info
@@ -140,7 +141,7 @@ def sft_policy(recorded, tmp_path_factory):
 
 @needs_libero
 def test_sft_trains_on_the_libero_layout(sft_policy):
-    from vla_rl.checkpoint import load_policy
+    from vla_rl.checkpoint.policy import load_policy
 
     res, out = sft_policy
     assert all(np.isfinite(e["losses/flow_matching"]) for e in res["sft_log"]) and res["sft_log"][-1]["step"] == 4
@@ -181,5 +182,5 @@ def test_cli_bench_runs_the_reduced_protocol_and_resumes(sft_policy, tmp_path, c
     assert "done earlier, kept" in capsys.readouterr().out
     assert (out / "tasks" / "libero_spatial" / "0.json").read_bytes() == before
     # Other settings into the same folder are refused before any work.
-    assert main([*args[:-1], "num_steps=2", "progress=false"]) == 2
+    assert main([*args[:-1], "sampler.num_steps=2", "progress=false"]) == 2
     assert "made with other settings (num_steps)" in capsys.readouterr().err

@@ -362,7 +362,7 @@ def test_env_contract_two_tasks_full_scenes_with_cameras(libero):
 
 # ---------------------------------------------------------------------------------------------- factory, bench
 def _tiny_libero_checkpoint(path, image_size=32):
-    from vla_rl.checkpoint import save_policy
+    from vla_rl.checkpoint.policy import save_policy
     from vla_rl.config import policy_preset
     from vla_rl.policies.model import FlowPolicy
     from vla_rl.policies.normalize import NormStats, Stats

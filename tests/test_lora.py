@@ -9,15 +9,15 @@ import pytest
 import torch
 from helpers import make_obs, perturbed_model, train_config
 
-from vla_rl.checkpoint import load_policy
+from vla_rl.checkpoint.policy import load_policy
 from vla_rl.config import ConfigError, from_dict
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.lora import LoRAConfig, LoRALinear, apply_lora, lora_layers, merge_lora
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.rollout import collect_rollout
-from vla_rl.rl.trainer import TrainConfig, Trainer, resume_trainer
+from vla_rl.train.trainer import TrainConfig, Trainer, resume_trainer
 
 SMALL = {"depth": 2, "vision": {"depth": 1}, "prefix": {"width": 32, "mlp_dim": 64},
          "expert": {"width": 32, "mlp_dim": 64}, "value_hidden": 32}

@@ -12,18 +12,16 @@ import pytest
 import torch
 from helpers import needs_simulator, simulator_import
 
-from vla_rl.checkpoint import load_policy
+from vla_rl.checkpoint.policy import load_policy
 from vla_rl.cli import main
 from vla_rl.data.lerobot import read_lerobot_dataset, read_lerobot_info
 from vla_rl.data.maniskill_demos import (
-    ManiSkillDemoError,
     demo_env_config,
     episode_limit,
-    read_maniskill_h5,
-    read_trajectory_info,
     refresh_dataset_first_frames,
     reobserve_first_frames,
 )
+from vla_rl.data.maniskill_h5 import ManiSkillDemoError, read_maniskill_h5, read_trajectory_info
 
 h5py = simulator_import("h5py")
 pytestmark = needs_simulator("mani_skill", "ManiSkill")

@@ -1,4 +1,4 @@
-"""The memory plan (vla_rl/rl/memory_plan.py): its exact parts equal the bytes of the real run's tensors (weights,
+"""The memory plan (vla_rl/train/memory_plan.py): its exact parts equal the bytes of the real run's tensors (weights,
 gradients and optimizer state after an update, for each training option; a rollout's buffers); its simulated
 activations come within a stated band of peaks measured on the CPU; a config that cannot fit is refused with
 settings that would fit; ``vla-rl train --plan``."""
@@ -16,13 +16,15 @@ from vla_rl.cli import main as cli_main
 from vla_rl.config import ConfigError, from_dict, policy_preset
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
 from vla_rl.policies import flow
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.policies.recompute import activation_checkpointing
-from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.losses import aggregate_log_prob
-from vla_rl.rl.memory_plan import (
+from vla_rl.rl.optim import state_nbytes
+from vla_rl.rl.rollout import collect_rollout
+from vla_rl.train.memory_plan import (
     GIB,
     RESERVE,
     check_plan,
@@ -32,9 +34,7 @@ from vla_rl.rl.memory_plan import (
     simulated_activations,
     static_bytes,
 )
-from vla_rl.rl.optim import state_nbytes
-from vla_rl.rl.rollout import collect_rollout
-from vla_rl.rl.trainer import TrainConfig
+from vla_rl.train.trainer import TrainConfig
 
 SMALL = {"depth": 2, "vision": {"depth": 1}, "prefix": {"width": 32, "mlp_dim": 64},
          "expert": {"width": 32, "mlp_dim": 64}, "value_hidden": 32}
@@ -123,7 +123,7 @@ def measured_activations(preset: str, n: int, method: str, k: int, parts: str) -
     size = cfg.vision.image_size
     obs = model.prepare({"images": torch.randint(0, 255, (n, cfg.num_cameras, size, size, 3), dtype=torch.uint8),
                          "state": torch.randn(n, cfg.state_dim), "instruction": ["pick up the cube"] * n})
-    obs = {key: obs[key] for key in ("images", "state", "tokens", "token_mask")}
+    obs = {key: obs[key] for key in ("images", "image_mask", "state", "tokens", "token_mask")}   # as a rollout stores
     with torch.no_grad():
         s = flow.sample(model.field(model.encode_prefix(obs)), torch.randn(n, cfg.action_horizon, cfg.action_dim),
                         num_steps=k, method=method, generator=torch.Generator().manual_seed(0))

@@ -9,8 +9,8 @@ import torch
 from helpers import perturbed_model
 
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.optim import LeanAdamW, make_optimizer, state_nbytes, stochastic_round
 from vla_rl.rl.rollout import collect_rollout
@@ -112,8 +112,8 @@ def test_a_ppo_update_with_lean_options_matches_the_fp32_update(options, max_rel
 
 
 def test_lean_state_survives_a_checkpoint_round_trip(tmp_path):
-    from vla_rl.checkpoint import policy_files
-    from vla_rl.rl.state import load_training_state, save_checkpoint
+    from vla_rl.checkpoint.policy import policy_files
+    from vla_rl.checkpoint.training import load_training_state, save_checkpoint
 
     model, norm, ro = rollout_and_model()
     options = {"param_dtype": "bf16", "optimizer_state_dtype": "bf16"}
@@ -145,7 +145,7 @@ def test_a_lean_run_resumes_exactly(sft_checkpoint, tmp_path):
     masters, and a resumed run repeats the uninterrupted one."""
     from helpers import train_config
 
-    from vla_rl.rl.trainer import Trainer, resume_trainer
+    from vla_rl.train.trainer import Trainer, resume_trainer
 
     ppo = {"param_dtype": "bf16", "optimizer_state_dtype": "bf16", "update_epochs": 1, "minibatches": 2}
     quiet = lambda *_: None  # noqa: E731

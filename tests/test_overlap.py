@@ -14,11 +14,11 @@ from vla_rl.env_factory import single_env_factory
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachSingleEnv
 from vla_rl.envs.workers import WorkerVectorEnv
 from vla_rl.policies import flow
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.rl.rollout import collect_rollout
-from vla_rl.rl.trainer import TrainConfig, Trainer, resume_trainer
+from vla_rl.train.trainer import TrainConfig, Trainer, resume_trainer
 
 SHORT = ColorReachConfig(max_episode_steps=6)
 FACTORY = functools.partial(ColorReachSingleEnv, SHORT)
@@ -149,7 +149,7 @@ def _config(init, out, **over) -> TrainConfig:
 
 @pytest.fixture(scope="module")
 def sft(tmp_path_factory):
-    from vla_rl.checkpoint import save_policy
+    from vla_rl.checkpoint.policy import save_policy
     from vla_rl.data.collect import collect_builtin_demos
     from vla_rl.sft import SFTConfig, train_sft
 
@@ -165,7 +165,7 @@ def _strip_time(history):
 
 
 def test_training_with_rollout_groups_is_deterministic_and_resumes_exactly(sft, tmp_path, monkeypatch):
-    import vla_rl.rl.trainer as trainer_mod
+    import vla_rl.train.trainer as trainer_mod
 
     monkeypatch.setattr(trainer_mod, "make_env", lambda cfg, *, num_envs, device, seed, log=None:
                         InProcessPool(single_env_factory(cfg)[0], num_envs, seed=seed, envs_per_worker=2))

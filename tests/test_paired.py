@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from vla_rl.checkpoint import save_policy
+from vla_rl.checkpoint.policy import save_policy
 from vla_rl.cli import main as cli_main
 from vla_rl.config import policy_preset
 from vla_rl.data.collect import collect_builtin_demos
@@ -54,7 +54,7 @@ def test_sign_test_known_values():
 def test_eval_writes_per_episode_records_that_pair(policy, tmp_path, capsys):
     a, b = tmp_path / "ode.json", tmp_path / "noise.json"
     m = evaluate_checkpoint(policy, {**EVAL, "out": str(a)})
-    evaluate_checkpoint(policy, {**EVAL, "out": str(b), "method": "noise"})
+    evaluate_checkpoint(policy, {**EVAL, "out": str(b), "sampler": {"method": "noise"}})
     doc = json.loads(a.read_text())
     eps = doc["episodes"]
     assert [(e["reset_seed"], e["env_index"]) for e in eps] == [(10_000 + 4 * r, i) for r in range(3) for i in range(4)]
@@ -79,7 +79,7 @@ def test_two_seed_blocks_pool_per_side(policy, tmp_path):
     for name, seed in (("a10", 10_000), ("a20", 20_000), ("b10", 10_000), ("b20", 20_000)):
         method = "ode" if name[0] == "a" else "noise"
         files[name] = tmp_path / f"{name}.json"
-        evaluate_checkpoint(policy, {**EVAL, "seed": seed, "method": method, "out": str(files[name])})
+        evaluate_checkpoint(policy, {**EVAL, "seed": seed, "sampler": {"method": method}, "out": str(files[name])})
     r = compare(load_side([files["a10"], files["a20"]]), load_side([files["b10"], files["b20"]]), "length")
     assert r.n == 24
     with pytest.raises(EpisodeFileError, match="only in the base side"):

@@ -1,12 +1,12 @@
 """Warnings at the start of a run whose rollouts are shorter than its episodes, or whose episode limit is not the
 one the init policy's dataset recorded (docs/new_task.md, section 2)."""
 
-from vla_rl.checkpoint import save_policy
+from vla_rl.checkpoint.policy import save_policy
 from vla_rl.config import from_dict, policy_preset
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.rl.preflight import recorded_limit, rollout_warnings
-from vla_rl.rl.trainer import TrainConfig, Trainer
+from vla_rl.train.preflight import recorded_limit, rollout_warnings
+from vla_rl.train.trainer import TrainConfig, Trainer
 
 
 def test_rollout_warnings_known_answers():

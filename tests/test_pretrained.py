@@ -13,10 +13,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vla_rl.checkpoint import CheckpointError, load_policy, save_policy
+from vla_rl.checkpoint import lerobot_pi as lr_import
+from vla_rl.checkpoint.folders import CheckpointError
+from vla_rl.checkpoint.lerobot_pi import LeRobotImportError, import_lerobot, load_lerobot
+from vla_rl.checkpoint.policy import load_any_policy, load_policy, save_policy
 from vla_rl.cli import main as cli_main
-from vla_rl.interop import lerobot as lr_import
-from vla_rl.interop.lerobot import LeRobotImportError, import_lerobot, load_any_policy, load_lerobot
 from vla_rl.policies import flow, load_exported
 from vla_rl.policies.tokenizer import SentencePieceTokenizer, TokenizerError, discretize_state, pi05_prompt
 
@@ -210,7 +211,7 @@ def test_imported_pi0_runs_sft_ppo_and_eval_on_the_builtin_task(imported, tmp_pa
     demos, sft = tmp_path / "demos", tmp_path / "sft"
     assert cli_main(["collect", "builtin", str(demos), "episodes=4", "seed=0"]) == 0
     assert cli_main(["sft", str(demos), f"init={imported['pi0']}", "steps=4", "batch_size=4", "warmup_steps=1",
-                     "eval_episodes=4", "eval_num_envs=4", "num_steps=2", f"out={sft}", "--no-progress"]) == 0
+                     "eval_episodes=4", "eval_num_envs=4", "sampler.num_steps=2", f"out={sft}", "--no-progress"]) == 0
     model, norm, config = load_policy(sft)
     assert model.cfg.tokenizer == "sentencepiece" and (sft / "tokenizer.safetensors").is_file()
     assert norm.state.mean.shape == (4,) and norm.action.mean.shape == (2,)
@@ -226,7 +227,7 @@ def test_imported_pi0_runs_sft_ppo_and_eval_on_the_builtin_task(imported, tmp_pa
         rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         assert np.isfinite(rows[-1]["losses/policy"]) and "eval/success_once" in rows[-1]
     out = tmp_path / "eval.json"
-    assert cli_main(["eval", str(tmp_path / "rl_sde"), "episodes=4", "num_envs=4", "num_steps=2",
+    assert cli_main(["eval", str(tmp_path / "rl_sde"), "episodes=4", "num_envs=4", "sampler.num_steps=2",
                      f"out={out}"]) == 0
     assert out.is_file()
 
@@ -251,7 +252,7 @@ def test_imported_pi0_runs_sft_ppo_and_eval_on_maniskill_with_a_camera(sp_model,
     assert cli_main(["collect", "maniskill", str(demos), "task=PushCube-v1", "episodes=2", "seed=3", "obs_mode=rgb",
                      "image_size=32"]) == 0
     assert cli_main(["sft", str(demos), f"init={imported}", "steps=2", "batch_size=4", "warmup_steps=1",
-                     "eval_episodes=1", "eval_num_envs=1", "num_steps=2", "execute=6", f"out={sft}",
+                     "eval_episodes=1", "eval_num_envs=1", "sampler.num_steps=2", "execute=6", f"out={sft}",
                      "--no-progress"]) == 0
     run = tmp_path / "rl"
     for method in ("noise", "sde"):
@@ -264,7 +265,7 @@ def test_imported_pi0_runs_sft_ppo_and_eval_on_maniskill_with_a_camera(sp_model,
                          "--no-progress"]) == 0
         rows = [json.loads(x) for x in (Path(f"{run}_{method}") / "metrics.jsonl").read_text().splitlines()]
         assert np.isfinite(rows[-1]["losses/policy"])
-    assert cli_main(["eval", f"{run}_sde", "episodes=1", "num_envs=1", "num_steps=2"]) == 0
+    assert cli_main(["eval", f"{run}_sde", "episodes=1", "num_envs=1", "sampler.num_steps=2"]) == 0
 
 
 def test_the_import_hint_names_an_override_that_works(sp_model, tmp_path, capsys):

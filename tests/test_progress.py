@@ -86,7 +86,7 @@ def every_update(monkeypatch):
 
 
 def test_eval_reports_episodes_as_they_end(tmp_path, capsys, every_update):
-    from vla_rl.checkpoint import save_policy
+    from vla_rl.checkpoint.policy import save_policy
     from vla_rl.cli import main
     from vla_rl.config import policy_preset
     from vla_rl.policies.model import FlowPolicy
@@ -135,8 +135,8 @@ def test_threads_is_a_range_checked_field_of_the_job_configs():
     from vla_rl.config import ConfigError, from_dict
     from vla_rl.eval.bench import BenchConfig
     from vla_rl.eval.evaluate import EvalConfig
-    from vla_rl.rl.trainer import TrainConfig
     from vla_rl.sft import SFTRunConfig
+    from vla_rl.train.trainer import TrainConfig
 
     for cls in (TrainConfig, SFTRunConfig, EvalConfig, BenchConfig):
         assert cls().threads == "auto" and from_dict(cls, {"threads": 2}).threads == 2
@@ -151,8 +151,8 @@ def test_a_trainer_sets_its_threads_and_gives_the_previous_count_back(tmp_path, 
     on a machine whose cores are all busy); a number is used; ``close`` restores the count the process had."""
     import vla_rl.threads
     from vla_rl.config import from_dict
-    from vla_rl.rl.trainer import TrainConfig, Trainer
     from vla_rl.threads import available_cores
+    from vla_rl.train.trainer import TrainConfig, Trainer
 
     cfg = {"env": {"num_envs": 2}, "iterations": 0, "eval_episodes": 2, "tensorboard": False, "progress": False,
            "model": "tiny"}

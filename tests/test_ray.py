@@ -20,14 +20,15 @@ ray = pytest.importorskip("ray")
 from helpers import step_groups_like_one_batch  # noqa: E402
 from inline_pool import InProcessPool  # noqa: E402
 
-from vla_rl.checkpoint import read_tensors, save_policy  # noqa: E402
+from vla_rl.checkpoint.folders import read_tensors  # noqa: E402
+from vla_rl.checkpoint.policy import save_policy  # noqa: E402
 from vla_rl.config import from_dict  # noqa: E402
 from vla_rl.distributed.config import RayConfig  # noqa: E402
 from vla_rl.distributed.runtime import connect  # noqa: E402
 from vla_rl.env_factory import single_env_factory  # noqa: E402
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachSingleEnv  # noqa: E402
 from vla_rl.envs.ray_workers import RayVectorEnv  # noqa: E402
-from vla_rl.rl.trainer import TrainConfig, Trainer, TrainingError, resume_trainer  # noqa: E402
+from vla_rl.train.trainer import TrainConfig, Trainer, TrainingError, resume_trainer  # noqa: E402
 
 SMALL = {"depth": 1, "vision": {"depth": 1}, "prefix": {"width": 32, "mlp_dim": 64},
          "expert": {"width": 32, "mlp_dim": 64}, "value_hidden": 32}
@@ -48,9 +49,9 @@ def cluster():
 def sft(tmp_path_factory) -> Path:
     from vla_rl.config import policy_preset
     from vla_rl.data.collect import collect_builtin_demos
+    from vla_rl.policies.actor import Actor
     from vla_rl.policies.model import FlowPolicy
     from vla_rl.policies.normalize import NormStats, Stats
-    from vla_rl.rl.actor import Actor
     from vla_rl.sft import SFTConfig, train_sft
 
     torch.manual_seed(0)
@@ -132,7 +133,7 @@ def test_env_actors_give_the_metrics_of_a_local_run_and_survive_a_killed_actor(c
     """Two env actors run the built-in task's single envs: the same metrics as a local run of the same single
     envs. An actor killed in the middle of a rollout is restarted, its envs' episodes are dropped, and the run
     finishes."""
-    import vla_rl.rl.trainer as trainer_mod
+    import vla_rl.train.trainer as trainer_mod
 
     def local_pool(cfg, *, num_envs, device, seed, log=None):
         return InProcessPool(single_env_factory(cfg)[0], num_envs, seed=seed)

@@ -3,12 +3,13 @@
 import pytest
 import torch
 
-from vla_rl.checkpoint import CheckpointError, load_policy, save_policy
+from vla_rl.checkpoint.folders import CheckpointError
+from vla_rl.checkpoint.policy import load_policy, save_policy
 from vla_rl.config import policy_preset
 from vla_rl.data.collect import collect_builtin_demos
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.sft import SFTConfig, loss_summary, train_sft
 
 SMALL = {"depth": 2, "vision": {"depth": 1}, "prefix": {"width": 64, "mlp_dim": 128},
@@ -19,7 +20,8 @@ def chunk_error(actor, data, idx):
     chunks, mask = data.action_chunks(actor.model.cfg.action_horizon)
     obs = {"images": data.images[idx], "state": data.state[idx], "instruction": data.instructions(idx)}
     with torch.inference_mode():
-        pred = actor.act(obs, SamplerConfig(num_steps=4), generator=torch.Generator().manual_seed(0)).actions
+        pred = actor.act(actor.observe(obs), SamplerConfig(num_steps=4),
+                         generator=torch.Generator().manual_seed(0)).actions
     err = ((pred - chunks[idx]) ** 2).sum(-1)
     return (err * mask[idx]).sum() / mask[idx].sum()
 

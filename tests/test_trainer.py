@@ -8,13 +8,13 @@ import torch
 import yaml
 from helpers import SMALL, train_config
 
-from vla_rl.checkpoint import CheckpointError
+from vla_rl.checkpoint.folders import CheckpointError
 from vla_rl.cli import main as cli_main
 from vla_rl.config import ConfigError, policy_preset, to_dict
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.rl.actor import Actor, SamplerConfig
-from vla_rl.rl.trainer import Trainer, resume_trainer
+from vla_rl.train.trainer import Trainer, resume_trainer
 
 
 def strip_time(history):
@@ -165,21 +165,24 @@ def test_cli_train_and_eval(sft_checkpoint, tmp_path, capsys):
 
 
 def test_eval_with_the_stochastic_samplers(sft_checkpoint, monkeypatch, capsys):
-    """``vla-rl eval CKPT method=noise`` (or sde) evaluates the stochastic policy RL trains; ODE by default."""
+    """``vla-rl eval CKPT sampler.method=noise`` (or sde) evaluates the stochastic policy RL trains; ODE by default;
+    the flat spelling of earlier versions (``method=noise``) is refused with the new one."""
     import vla_rl.eval.evaluate as ev
 
     seen, real = [], ev.evaluate_episodes
     monkeypatch.setattr(ev, "evaluate_episodes", lambda *a, **k: seen.append(k["sampler"]) or real(*a, **k))
     base = {"episodes": 4, "num_envs": 4}
     m_ode = ev.evaluate_checkpoint(sft_checkpoint, base)
-    m_sde = ev.evaluate_checkpoint(sft_checkpoint, {**base, "method": "sde", "noise_level": 0.8,
-                                                    "sde_mode": "all"})
-    ev.evaluate_checkpoint(sft_checkpoint, {**base, "method": "noise", "num_steps": 2})
+    m_sde = ev.evaluate_checkpoint(sft_checkpoint, {**base, "sampler": {"method": "sde", "noise_level": 0.8,
+                                                                        "sde_mode": "all"}})
+    ev.evaluate_checkpoint(sft_checkpoint, {**base, "sampler": {"method": "noise", "num_steps": 2}})
     assert [(s.method, s.num_steps) for s in seen] == [("ode", 4), ("sde", 4), ("noise", 2)]
     assert (seen[1].noise_level, seen[1].sde_mode) == (0.8, "all")
     assert m_ode["eval/episodes"] == m_sde["eval/episodes"] == 4
-    assert cli_main(["eval", str(sft_checkpoint), "method=euler"]) == 2
+    assert cli_main(["eval", str(sft_checkpoint), "sampler.method=euler"]) == 2
     assert "method" in capsys.readouterr().err
+    assert cli_main(["eval", str(sft_checkpoint), "method=noise"]) == 2
+    assert "method is now sampler.method: write sampler.method=noise instead" in capsys.readouterr().err
 
 
 def test_grpo_chunk_advantages_by_hand():
@@ -213,7 +216,7 @@ def test_grpo_run_groups_envs_by_initial_state(sft_checkpoint, tmp_path):
 
 
 def test_critic_warm_up_moves_the_value_head_only(sft_checkpoint):
-    from vla_rl.checkpoint import load_policy
+    from vla_rl.checkpoint.policy import load_policy
     from vla_rl.envs.builtin import ColorReachEnv
     from vla_rl.rl.learner import Learner, PPOConfig
     from vla_rl.rl.rollout import collect_rollout
@@ -241,7 +244,7 @@ def test_critic_warm_up_moves_the_value_head_only(sft_checkpoint):
 def test_the_rollout_records_its_sampler_and_the_learner_recomputes_its_log_probs(sft_checkpoint, method):
     """Before any update the learner's recomputed chunk log-probs equal the rollout's own (ratio 1), read with
     the sampler and ``execute`` the rollout recorded."""
-    from vla_rl.checkpoint import load_policy
+    from vla_rl.checkpoint.policy import load_policy
     from vla_rl.envs.builtin import ColorReachEnv
     from vla_rl.policies import flow
     from vla_rl.rl.losses import LogProbConfig, aggregate_log_prob
@@ -262,6 +265,30 @@ def test_the_rollout_records_its_sampler_and_the_learner_recomputes_its_log_prob
     old = aggregate_log_prob(flat(ro.log_probs), flat(ro.stochastic), cfg, executed=5, dim_mask=actor.dim_mask)
     new = aggregate_log_prob(re.log_probs, flat(ro.stochastic), cfg, executed=5, dim_mask=actor.dim_mask)
     torch.testing.assert_close(new, old, atol=1e-4, rtol=1e-5)
+
+
+def test_each_observation_is_prepared_once_and_the_learner_reuses_the_stored_inputs(sft_checkpoint, monkeypatch):
+    """The rollout prepares (checks, tokenizes) each observation once, through its actor: each chunk's, the one after
+    the last chunk and each truncated episode's final one; the learner encodes the stored inputs without preparing
+    them again."""
+    from vla_rl.checkpoint.policy import load_policy
+    from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
+    from vla_rl.rl.learner import Learner, PPOConfig
+    from vla_rl.rl.rollout import collect_rollout
+
+    model, norm, _ = load_policy(sft_checkpoint)
+    actor = Actor(model, norm)
+    env = ColorReachEnv(4, config=ColorReachConfig(max_episode_steps=8), seed=0)   # truncated after chunk 1
+    calls, real = [], model.prepare
+    monkeypatch.setattr(model, "prepare", lambda obs: calls.append(len(obs["state"])) or real(obs))
+    ro, _ = collect_rollout(actor, env, env.reset(seed=0), num_chunks=3, sampler=SamplerConfig(2, "noise"),
+                            execute=8, generator=torch.Generator().manual_seed(0))
+    truncated = int(ro.truncated.any(dim=1).sum())
+    assert truncated >= 1 and len(calls) == 3 + 1 + truncated
+    assert set(ro.obs) == {"images", "image_mask", "state", "tokens", "token_mask"}
+    calls.clear()
+    Learner(actor, PPOConfig(update_epochs=1, minibatches=2)).update(ro, iteration=0)
+    assert calls == []
 
 
 def test_freeze_prefix_leaves_the_models_prefix_group_out_of_the_optimizer():
@@ -333,7 +360,7 @@ def test_rollout_seeds_are_disjoint_across_iterations_and_away_from_demo_and_eva
     # Worker envs give env i the seed rollout_seed + i. A seed of seed * 1_000_003 + iteration would make
     # iteration it use it .. it + 15 on 16 envs: 100 iterations would see 115 initial states, the demos' own.
     from vla_rl.eval.evaluate import EvalConfig
-    from vla_rl.rl.trainer import rollout_seed
+    from vla_rl.train.trainer import rollout_seed
 
     for seed in (0, 3):
         blocks = [set(range(rollout_seed(seed, it, 16), rollout_seed(seed, it, 16) + 16)) for it in range(200)]
@@ -343,7 +370,7 @@ def test_rollout_seeds_are_disjoint_across_iterations_and_away_from_demo_and_eva
 
 
 def test_reward_scale_scales_the_value_targets(sft_checkpoint, tmp_path):
-    from vla_rl.checkpoint import load_policy
+    from vla_rl.checkpoint.policy import load_policy
     from vla_rl.rl.learner import Learner, PPOConfig
     from vla_rl.rl.rollout import Rollout
 
@@ -455,7 +482,7 @@ def test_rollout_success_over_first_episodes_counts_every_env_once(sft_checkpoin
 def test_best_checkpoint_is_the_best_evaluation_and_survives_resume(sft_checkpoint, tmp_path):
     """checkpoints/best holds the weights of the first iteration with the highest evaluation so far, across
     a resume, and is a policy folder ``vla-rl eval`` reads (it reproduces the recorded success)."""
-    from vla_rl.checkpoint import read_tensors, read_yaml_file
+    from vla_rl.checkpoint.folders import read_tensors, read_yaml_file
     from vla_rl.eval.evaluate import evaluate_checkpoint
 
     # A large actor lr so the evaluations move; every checkpoint kept so each iteration's weights can be compared.
@@ -479,7 +506,7 @@ def test_best_checkpoint_is_the_best_evaluation_and_survives_resume(sft_checkpoi
 
 
 def test_eval_method_train_evaluates_with_the_rollout_sampler(sft_checkpoint, tmp_path, monkeypatch):
-    import vla_rl.rl.trainer as tr
+    import vla_rl.train.trainer as tr
 
     seen, real = [], tr.evaluate
     monkeypatch.setattr(tr, "evaluate", lambda *a, **k: seen.append(k["sampler"]) or real(*a, **k))

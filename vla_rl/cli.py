@@ -8,28 +8,43 @@ status 2; ``--debug`` (or ``VLA_RL_DEBUG=1``) shows the traceback instead.
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
+import logging
 import os
 import sys
 
-from vla_rl.config import ConfigError, from_dict, merge, parse_overrides, preset_path, read_yaml
+from vla_rl.config import (
+    ConfigError,
+    config_help,
+    from_dict,
+    merge,
+    parse_overrides,
+    preset_path,
+    read_yaml,
+    resolve_device,
+)
 
 # (module, exception class, kind) of the errors that are the user's or the machine's, not a bug. Looked up in
 # sys.modules when an error is reported, so the CLI imports none of those modules to start.
 USER_ERRORS = [
     ("vla_rl.policies.ranges", "ConfigError", "config"),
     ("vla_rl.outputs", "OutputExistsError", "output"),
-    ("vla_rl.checkpoint", "CheckpointError", "checkpoint"),
+    ("vla_rl.checkpoint.folders", "CheckpointError", "checkpoint"),
     ("vla_rl.data.lerobot", "LeRobotDatasetError", "dataset"),
-    ("vla_rl.data.maniskill_demos", "ManiSkillDemoError", "dataset"),
+    ("vla_rl.data.maniskill_h5", "ManiSkillDemoError", "dataset"),
     ("vla_rl.data.lerobot_video", "VideoError", "dataset"),
     ("vla_rl.eval.paired", "EpisodeFileError", "input"),
-    ("vla_rl.rl.trainer", "TrainingError", "training"),
+    ("vla_rl.train.trainer", "TrainingError", "training"),
     ("vla_rl.envs.worker_pool", "WorkerError", "env"),
     ("vla_rl.envs.libero", "LiberoNotInstalled", "env"),
     ("vla_rl.envs.libero_warp", "LiberoWarpNotInstalled", "env"),
     ("vla_rl.envs.maniskill", "ManiSkillUnavailable", "env"),
     ("vla_rl.policies.tokenizer", "TokenizerError", "tokenizer"),
     ("vla_rl.distributed.runtime", "ClusterError", "cluster"),
+    ("vla_rl.eval.bench", "BenchError", "bench"),
+    ("vla_rl.eval.report", "ReportError", "report"),
+    ("vla_rl.policies.exported", "ExportError", "export"),
 ]
 
 # The `train` extra of pyproject.toml by import name (-> distribution name). The commands that train, evaluate, read
@@ -43,16 +58,20 @@ class MissingPackages(RuntimeError):
     """A command needs packages of an extra that is not installed."""
 
 
+class ServeError(OSError):
+    """The policy server cannot listen on its address (taken, not this machine's, not permitted)."""
+
+
 def check_train_packages(command: str) -> None:
     """Refuse ``command`` (one of TRAIN_COMMANDS) in one line when the `train` extra is not installed."""
-    import importlib.util
-
     missing = [dist for name, dist in TRAIN_PACKAGES.items() if importlib.util.find_spec(name) is None]
     if missing:
         raise MissingPackages(f"`vla-rl {command}` needs the training packages, and {', '.join(missing)} "
                               "are not installed: pip install 'vla-rl[train]'")
 
 
+# Each command imports its job's modules when it runs (torch and the job's packages), so `vla-rl --help`, a
+# parse error or `serve` on a robot starts without them.
 def _demo(args) -> int:
     from vla_rl.demo import DemoConfig, run_demo
 
@@ -62,7 +81,7 @@ def _demo(args) -> int:
 
 
 def _train(args) -> int:
-    from vla_rl.rl.trainer import TrainConfig, Trainer, resume_trainer
+    from vla_rl.train.trainer import TrainConfig, Trainer, resume_trainer
 
     overrides = parse_overrides(args.overrides)
     if args.no_progress:
@@ -75,8 +94,8 @@ def _train(args) -> int:
         if args.overwrite:
             raise ConfigError(f"--overwrite starts a run over and --resume {args.resume} continues it: give one")
         if args.plan:
-            from vla_rl.rl.state import latest_checkpoint
-            from vla_rl.rl.trainer import resumed_config
+            from vla_rl.checkpoint.training import latest_checkpoint
+            from vla_rl.train.trainer import resumed_config
 
             saved = read_yaml(latest_checkpoint(args.resume) / "train_config.yaml")
             return _plan(from_dict(TrainConfig, resumed_config(saved, overrides)), args.gpu_memory)
@@ -106,8 +125,7 @@ def _plan(cfg, gpu_memory: float | None) -> int:
     device's free memory; none: the table alone). Exit 0 if it fits (or no device to compare), else a config error."""
     import torch
 
-    from vla_rl.config import resolve_device
-    from vla_rl.rl.memory_plan import GIB, check_plan, device_memory
+    from vla_rl.train.memory_plan import GIB, check_plan, device_memory
 
     # planning for a GPU this machine does not have: --gpu-memory with device=cuda plans without one
     device = torch.device(cfg.device) if gpu_memory is not None else resolve_device(cfg.device)
@@ -144,27 +162,19 @@ def _compare(args) -> int:
 
 
 def _bench(args) -> int:
-    from vla_rl.envs.libero import LiberoNotInstalled
     from vla_rl.eval.bench import BenchError, bench_from_cli, bench_markdown, compare_benches, compare_markdown
 
-    try:
-        if args.compare:
-            if args.checkpoint or args.suite or args.overrides:
-                raise BenchError("--compare takes two bench folders and nothing else")
-            a, b = args.compare
-            print(compare_markdown(compare_benches(a, b), a, b))
-            return 0
-        if not args.checkpoint or not args.suite:
-            raise BenchError("give a CHECKPOINT and --suite (e.g. --suite libero_spatial or --suite maniskill:mp), "
-                             "or --compare BENCH_A BENCH_B")
-        res = bench_from_cli(args.checkpoint, args.suite, parse_overrides(args.overrides), argv=args.argv,
-                             overwrite=args.overwrite)
-    except BenchError as e:
-        print(f"vla-rl: bench error: {e}", file=sys.stderr)
-        return 2
-    except LiberoNotInstalled as e:
-        print(f"vla-rl: {e}", file=sys.stderr)
-        return 2
+    if args.compare:
+        if args.checkpoint or args.suite or args.overrides:
+            raise BenchError("--compare takes two bench folders and nothing else")
+        a, b = args.compare
+        print(compare_markdown(compare_benches(a, b), a, b))
+        return 0
+    if not args.checkpoint or not args.suite:
+        raise BenchError("give a CHECKPOINT and --suite (e.g. --suite libero_spatial or --suite maniskill:mp), "
+                         "or --compare BENCH_A BENCH_B")
+    res = bench_from_cli(args.checkpoint, args.suite, parse_overrides(args.overrides), argv=args.argv,
+                         overwrite=args.overwrite)
     print(bench_markdown(res))
     print(f"results in {res['settings']['out']}")
     return 0
@@ -201,14 +211,9 @@ def _sft(args) -> int:
 
 def _export(args) -> int:
     from vla_rl.interop.export import export_policy, summary, unknown_note
-    from vla_rl.policies.exported import ExportError
 
-    try:
-        path = export_policy(args.src, args.out, dtype=args.dtype, overrides=parse_overrides(args.overrides),
-                             overwrite=args.overwrite)
-    except ExportError as e:
-        print(f"vla-rl: export error: {e}", file=sys.stderr)
-        return 2
+    path = export_policy(args.src, args.out, dtype=args.dtype, overrides=parse_overrides(args.overrides),
+                         overwrite=args.overwrite)
     s = summary(path)
     print(f"exported to {s['path']}: {s['bytes'] / 2**20:.1f} MiB of {args.dtype} weights; {s['control_mode']}, "
           f"state {s['state_dim']}, action {s['action_dim']}, chunk H={s['action_horizon']} (execute "
@@ -219,7 +224,7 @@ def _export(args) -> int:
 
 
 def _import(args) -> int:
-    from vla_rl.interop.lerobot import import_lerobot
+    from vla_rl.checkpoint.lerobot_pi import import_lerobot
     from vla_rl.outputs import POLICY, check_output
 
     if args.kind != "lerobot":
@@ -239,10 +244,7 @@ def _import(args) -> int:
 
 
 def _serve(args) -> int:
-    import logging
-
     from vla_rl.interop.serve import ServeConfig, run_server
-    from vla_rl.policies.exported import ExportError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = ServeConfig(host=args.host, port=args.port, token=args.token, max_message_mb=args.max_message_mb,
@@ -251,29 +253,73 @@ def _serve(args) -> int:
                       compile=args.compile)
     try:
         return run_server(args.export, cfg)
-    except ExportError as e:
-        print(f"vla-rl: export error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:   # e.g. the port is taken
-        print(f"vla-rl: cannot serve on {args.host}:{args.port}: {e}", file=sys.stderr)
-        return 2
+    except OSError as e:   # e.g. the port is taken: say which address
+        raise ServeError(f"cannot serve on {args.host}:{args.port}: {e}") from e
 
 
 def _report(args) -> int:
-    from vla_rl.eval.report import ReportError, write_report
+    from vla_rl.eval.report import write_report
 
     names = args.names.split(",") if args.names else None
-    try:
-        path, table = write_report(args.runs, args.out, names=names, overwrite=args.overwrite)
-    except ReportError as e:
-        print(f"vla-rl: report error: {e}", file=sys.stderr)
-        return 2
+    path, table = write_report(args.runs, args.out, names=names, overwrite=args.overwrite)
     print(table)
     print(f"figures and report: {path.parent}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse the command line, run its command, and report any error in one line: a user's or the machine's
+    (:data:`USER_ERRORS`) exits 2, a bug 1, Ctrl-C 130; ``--debug`` / ``VLA_RL_DEBUG=1`` raise it instead."""
+    args = parse_args(argv)
+    try:
+        if args.command in TRAIN_COMMANDS:
+            check_train_packages(args.command)
+        return args.func(args)
+    except (KeyboardInterrupt, Exception) as e:
+        if args.debug or os.environ.get("VLA_RL_DEBUG", "") not in ("", "0"):
+            raise
+        return report_error(e, args)
+
+
+def report_error(e: BaseException, args) -> int:
+    """Print the one line for an error that ended a command; its exit status."""
+    if isinstance(e, KeyboardInterrupt):
+        resume = f" (continue with `vla-rl train --resume {run_dir(args)}`)" if args.command == "train" else ""
+        print(f"vla-rl: interrupted{resume}", file=sys.stderr)
+        return 130
+    kind = error_kind(e)
+    if kind is None:
+        print(f"vla-rl: internal error: {type(e).__name__}: {one_line(str(e))} (a bug; run again with --debug "
+              "or VLA_RL_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 1
+    print(f"vla-rl: {kind} error: {one_line(str(e))}{advice(kind, args, e)}", file=sys.stderr)
+    return 2
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line (default: ``sys.argv``) as the command's arguments, overrides after flags included."""
+    parser = build_parser()
+    # argparse stops collecting positionals at the first flag; overrides after a flag
+    # (`vla-rl train preset --no-progress ppo.lr_actor=1e-4`) come back as extras and are taken here.
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, extra = parser.parse_known_args(argv)
+    args.argv = argv   # the command line as given (recorded by commands that write results)
+    unknown = [a for a in extra if a.startswith("-") or "=" not in a]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if extra:
+        if not hasattr(args, "overrides"):   # `compare` takes no key=value overrides
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides.extend(extra)
+    # `vla-rl train key=value --resume DIR`: a first positional with '=' is an override, not a config.
+    if getattr(args, "config", None) and "=" in args.config:
+        args.overrides.insert(0, args.config)
+        args.config = None
+    return args
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every command's arguments; each subcommand's ``func`` runs it."""
     parser = argparse.ArgumentParser(prog="vla-rl", description="RL fine-tuning of flow-matching VLA policies")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -298,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     train.set_defaults(func=_train)
 
     ev = sub.add_parser("eval", help="evaluate a checkpoint folder with the deterministic ODE sampler",
-                        description="Overrides: episodes=200 seed=5 num_steps=10 execute=4 num_envs=50")
+                        description="Overrides: episodes=200 seed=5 sampler.num_steps=10 execute=4 num_envs=50 "
+                                    "sampler.method=noise (--help-config lists them all)")
     ev.add_argument("checkpoint", help="a policy or training checkpoint folder")
     ev.add_argument("--libero", metavar="SUITES", help=argparse.SUPPRESS)   # moved to `vla-rl bench`
     ev.add_argument("overrides", nargs="*", help="key=value overrides")
@@ -390,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
                         description="Suites: libero_spatial, libero_object, libero_goal, libero_10, libero_90, "
                                     "libero_4 (the four the πRL paper averages), maniskill:mp (tasks with motion-"
                                     "planner demos) or maniskill:PickCube-v1,PushCube-v1. Overrides: episodes=50 "
-                                    "tasks=[0,3] workers=4 num_steps=4 execute=8 seed=10000 videos=1 "
+                                    "tasks=[0,3] workers=4 sampler.num_steps=4 execute=8 seed=10000 videos=1 "
                                     "out=runs/bench device=cpu env.image_orientation=rot180 ... An interrupted "
                                     "bench resumes (finished tasks are kept).")
     be.add_argument("checkpoint", nargs="?", help="a policy or training checkpoint folder")
@@ -412,47 +459,35 @@ def main(argv: list[str] | None = None) -> int:
                                                               "(also: VLA_RL_DEBUG=1)")
     for name, p in sub.choices.items():
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
+        if name in CONFIGS:
+            p.add_argument("--help-config", action=HelpConfig, command=name,
+                           help="list every key=value setting: type, default, valid range, what it does")
         if name in WRITERS:
             p.add_argument("--overwrite", action="store_true",
                            help=f"replace {WRITERS[name]} if it already holds something (refused otherwise)")
 
-    # argparse stops collecting positionals at the first flag; overrides after a flag
-    # (`vla-rl train preset --no-progress ppo.lr_actor=1e-4`) come back as extras and are taken here.
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args, extra = parser.parse_known_args(argv)
-    args.argv = argv   # the command line as given (recorded by commands that write results)
-    unknown = [a for a in extra if a.startswith("-") or "=" not in a]
-    if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    if extra:
-        if not hasattr(args, "overrides"):   # `compare` takes no key=value overrides
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        args.overrides.extend(extra)
-    # `vla-rl train key=value --resume DIR`: a first positional with '=' is an override, not a config.
-    if getattr(args, "config", None) and "=" in args.config:
-        args.overrides.insert(0, args.config)
-        args.config = None
-    debug = args.debug or os.environ.get("VLA_RL_DEBUG", "") not in ("", "0")
-    try:
-        if args.command in TRAIN_COMMANDS:
-            check_train_packages(args.command)
-        return args.func(args)
-    except KeyboardInterrupt:
-        if debug:
-            raise
-        resume = f" (continue with `vla-rl train --resume {run_dir(args)}`)" if args.command == "train" else ""
-        print(f"vla-rl: interrupted{resume}", file=sys.stderr)
-        return 130
-    except Exception as e:
-        if debug:
-            raise
-        kind = error_kind(e)
-        if kind is None:
-            print(f"vla-rl: internal error: {type(e).__name__}: {one_line(str(e))} (a bug; run again with --debug "
-                  "or VLA_RL_DEBUG=1 for the traceback)", file=sys.stderr)
-            return 1
-        print(f"vla-rl: {kind} error: {one_line(str(e))}{advice(kind, args, e)}", file=sys.stderr)
-        return 2
+    return parser
+
+
+# The config class of each command's key=value overrides (module, class), imported only when its fields are listed.
+CONFIGS = {"demo": ("vla_rl.demo", "DemoConfig"), "train": ("vla_rl.train.trainer", "TrainConfig"),
+           "eval": ("vla_rl.eval.evaluate", "EvalConfig"), "sft": ("vla_rl.sft", "SFTRunConfig"),
+           "collect": ("vla_rl.data.collect", "CollectConfig"), "bench": ("vla_rl.eval.bench", "BenchConfig"),
+           "import": ("vla_rl.policies.config", "PolicyConfig"), "export": ("vla_rl.policies.exported", "ExportSpec")}
+
+
+class HelpConfig(argparse.Action):
+    """``--help-config``: print every key=value setting of the command (key, type, default, range, doc) and exit."""
+
+    def __init__(self, option_strings, dest, command: str, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+        self.command = command
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        module, name = CONFIGS[self.command]
+        print(f"`vla-rl {self.command}` settings (key=value overrides; {name}):\n")
+        print(config_help(getattr(importlib.import_module(module), name)))
+        parser.exit()
 
 
 # What each writing command writes (``--overwrite`` replaces it; without, an output that holds anything is refused).
@@ -472,6 +507,8 @@ def error_kind(e: BaseException) -> str | None:
             return kind
     if isinstance(e, MissingPackages):
         return "install"
+    if isinstance(e, ServeError):
+        return "serve"
     if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
         return "memory"
     if isinstance(e, OSError):   # a full disk, a missing or unreadable file, no permission

@@ -13,40 +13,46 @@ then online RL from that policy, then evaluation, printing success before and af
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
 import torch
 
-from vla_rl.checkpoint import save_policy
-from vla_rl.config import check_ranges, load_preset, nonneg, policy_preset, ranged, to_dict
+from vla_rl.checkpoint.policy import save_policy
+from vla_rl.config import check_ranges, load_preset, nonneg, policy_preset, ranged, setting, to_dict
 from vla_rl.data.collect import collect_builtin_demos
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
 from vla_rl.eval.evaluate import evaluate
+from vla_rl.outputs import DEMO, check_output, clear_output
 from vla_rl.policies import flow
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy, count_parameters
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.sft import SFTConfig, loss_summary, train_sft
-from vla_rl.threads import policy_threads, threads_note, torch_threads
+from vla_rl.threads import policy_threads, threads_note, threads_setting, torch_threads
+from vla_rl.train.trainer import TrainConfig, Trainer
 
 
 @dataclass(frozen=True)
 class DemoConfig:
-    model: str = "tiny"
-    env: ColorReachConfig = field(default_factory=ColorReachConfig)  # the built-in task's level
-    demos: int = ranged(10, 1)
-    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=500))
-    num_steps: int = ranged(4, 1)
-    execute: int = ranged(8, 1)
-    eval_episodes: int = ranged(200, 1)
-    rl: str = "builtin_flow_sde"    # experiment preset of the RL stage (configs/experiment)
-    rl_iterations: int = nonneg(80)  # 0: SFT only (measured, `make demo`: 0.54 -> 0.88 after 80)
-    seed: int = nonneg(0)
-    out: str = "runs/demo"
-    # torch threads of the whole demo, its RL run included: "auto" = the cores idle when it starts (vla_rl.threads)
-    threads: int | Literal["auto"] = ranged("auto", 1)
+    """``vla-rl demo`` settings."""
+
+    MOVED = {"num_steps": "sampler.num_steps"}
+
+    model: str = setting("tiny", doc="model preset (configs/model)")
+    env: ColorReachConfig = setting(default_factory=ColorReachConfig, doc="the built-in task's level")
+    demos: int = ranged(10, 1, doc="scripted-expert episodes to train on")
+    sft: SFTConfig = setting(default_factory=lambda: SFTConfig(steps=500), doc="the SFT stage")
+    sampler: SamplerConfig = setting(default_factory=SamplerConfig,
+                                     doc="denoising steps and noise settings; the demo runs each method with them")
+    execute: int = ranged(8, 1, doc="actions executed per chunk")
+    eval_episodes: int = ranged(200, 1, doc="episodes per evaluation")
+    rl: str = setting("builtin_flow_sde", doc="experiment preset of the RL stage (configs/experiment)")
+    rl_iterations: int = nonneg(80, doc="RL iterations; 0: SFT only")
+    seed: int = nonneg(0, doc="seed of the demos, the weights and the evaluation seeds (10_000 + seed)")
+    out: str = setting("runs/demo", doc="the demo folder (sft/ and rl/ inside)")
+    threads: int | Literal["auto"] = threads_setting()
 
     def __post_init__(self):
         check_ranges(self)
@@ -60,9 +66,6 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, overwrite: bool = False)
 
 
 def _run_demo(cfg: DemoConfig, *, progress: bool, overwrite: bool) -> dict:
-    from vla_rl.outputs import DEMO, check_output, clear_output
-    from vla_rl.rl.trainer import TrainConfig, Trainer
-
     check_output(cfg.out, overwrite=overwrite, kind=DEMO)
     if overwrite:
         clear_output(cfg.out)
@@ -84,23 +87,22 @@ def _run_demo(cfg: DemoConfig, *, progress: bool, overwrite: bool) -> dict:
     eval_seed = 10_000 + cfg.seed
 
     def success(policy: Actor) -> float:
-        m = evaluate(policy, env, num_episodes=cfg.eval_episodes, sampler=SamplerConfig(cfg.num_steps, "ode"),
+        m = evaluate(policy, env, num_episodes=cfg.eval_episodes, sampler=replace(cfg.sampler, method="ode"),
                      execute=cfg.execute, seed=eval_seed)
         return m["eval/success_once"]
 
     results: dict = {"sft_log": log, "samplers": {}}
     print(f"\nSFT policy, {cfg.eval_episodes} episodes per sampler")
     print(f"{'sampler':<22}{'success':>9}{'return':>9}{'log-prob/chunk':>16}")
-    for name, sampler in [("ODE (deterministic)", SamplerConfig(cfg.num_steps, "ode")),
-                          ("Flow-SDE (mixed)", SamplerConfig(cfg.num_steps, "sde", sde_mode="mixed")),
-                          ("Flow-Noise", SamplerConfig(cfg.num_steps, "noise"))]:
+    for name, sampler in [("ODE (deterministic)", replace(cfg.sampler, method="ode")),
+                          (f"Flow-SDE ({cfg.sampler.sde_mode})", replace(cfg.sampler, method="sde")),
+                          ("Flow-Noise", replace(cfg.sampler, method="noise"))]:
         m = evaluate(actor, env, num_episodes=cfg.eval_episodes, sampler=sampler, execute=cfg.execute,
                      seed=eval_seed)
         with torch.inference_mode():  # log-likelihood of a batch of sampled chunks (πRL aggregation)
             obs = env.reset(seed=cfg.seed)
-            act = actor.act(obs, sampler, generator=torch.Generator().manual_seed(cfg.seed))
-            lp = flow.aggregate(act.sample.log_probs, act.sample.stochastic, executed=cfg.execute,
-                                dim_mask=actor.dim_mask)
+            act = actor.act(actor.observe(obs), sampler, generator=torch.Generator().manual_seed(cfg.seed))
+            lp = flow.aggregate(act.log_probs, act.stochastic, executed=cfg.execute, dim_mask=actor.dim_mask)
         lp_text = "-" if sampler.method == "ode" else f"{lp.mean().item():.2f}"
         print(f"{name:<22}{m['eval/success_once']:>9.2f}{m['eval/return']:>9.2f}{lp_text:>16}")
         results["samplers"][name] = m

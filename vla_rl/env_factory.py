@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Literal
 
 import torch
 
-from vla_rl.config import ConfigError, check_ranges, nonneg, positive
+from vla_rl.config import ConfigError, check_ranges, nonneg, positive, setting
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv, ColorReachSingleEnv
-from vla_rl.envs.libero import LiberoConfig
-from vla_rl.envs.libero_warp import LiberoWarpConfig
-from vla_rl.envs.maniskill import ManiSkillConfig
+from vla_rl.envs.libero import LiberoConfig, LiberoSingleEnv
+from vla_rl.envs.libero_warp import LiberoWarpConfig, LiberoWarpEnv
+from vla_rl.envs.maniskill import ManiSkillConfig, ManiSkillSingleEnv, _base_name, make_maniskill_env
+from vla_rl.envs.workers import WorkerVectorEnv
 
 KINDS = ("builtin", "maniskill", "libero", "libero_warp")
 BATCHED_KINDS = ("builtin", "libero_warp")   # one in-process batch on the policy's device: no worker processes
@@ -29,17 +30,18 @@ class EnvConfig:
     """Which simulator (``kind``), how many envs, and that simulator's own settings. Only the section named
     by ``kind`` is read; setting another section is an error (it would silently do nothing)."""
 
-    kind: Literal["builtin", "maniskill", "libero", "libero_warp"] = "builtin"
-    num_envs: int = positive(64)
-    # Worker envs (ManiSkill on CPU, LIBERO): envs per worker process. None: one worker per CPU core.
-    envs_per_worker: int | None = positive(None)
-    # Restart a worker process that died (simulator crash, OOM kill) up to this many times per run; its envs
-    # are reset and their unfinished episodes dropped from the batch. 0: a dead worker stops the run.
-    restart_dead_workers: int = nonneg(0)
-    builtin: ColorReachConfig = field(default_factory=ColorReachConfig)
-    maniskill: ManiSkillConfig = field(default_factory=ManiSkillConfig)
-    libero: LiberoConfig = field(default_factory=LiberoConfig)
-    libero_warp: LiberoWarpConfig = field(default_factory=LiberoWarpConfig)
+    kind: Literal["builtin", "maniskill", "libero", "libero_warp"] = setting("builtin", doc="which simulator")
+    num_envs: int = positive(64, doc="envs stepped together")
+    envs_per_worker: int | None = positive(
+        None, doc="Worker envs (ManiSkill on CPU, LIBERO): envs per worker process. None: one worker per CPU core.")
+    restart_dead_workers: int = nonneg(
+        0, doc="Restart a worker process that died (simulator crash, OOM kill) up to this many times per run; its "
+               "envs are reset and their unfinished episodes dropped from the batch. 0: a dead worker stops the run.")
+    builtin: ColorReachConfig = setting(default_factory=ColorReachConfig, doc="kind builtin: the ColorReach task")
+    maniskill: ManiSkillConfig = setting(default_factory=ManiSkillConfig, doc="kind maniskill: the ManiSkill3 task")
+    libero: LiberoConfig = setting(default_factory=LiberoConfig, doc="kind libero: the LIBERO suite and tasks")
+    libero_warp: LiberoWarpConfig = setting(default_factory=LiberoWarpConfig,
+                                            doc="kind libero_warp: LIBERO tasks batched on MuJoCo Warp")
 
     def __post_init__(self):
         check_ranges(self)
@@ -79,21 +81,14 @@ def make_env(cfg: EnvConfig, *, num_envs: int, device: torch.device | str, seed:
     if cfg.kind == "builtin":
         return ColorReachEnv(num_envs, config=cfg.builtin, device=device, seed=seed)
     if cfg.kind == "maniskill":
-        from vla_rl.envs.maniskill import make_maniskill_env
-
         return make_maniskill_env(cfg.maniskill, num_envs, device=device, seed=seed,
                                   envs_per_worker=cfg.envs_per_worker, max_restarts=cfg.restart_dead_workers,
                                   log=log)
     if cfg.kind == "libero":
-        from vla_rl.envs.libero import LiberoSingleEnv
-        from vla_rl.envs.workers import WorkerVectorEnv
-
         return WorkerVectorEnv(functools.partial(LiberoSingleEnv, cfg.libero), num_envs, seed=seed,
                                name="libero", envs_per_worker=cfg.envs_per_worker,
                                max_restarts=cfg.restart_dead_workers, log=log)
     if cfg.kind == "libero_warp":
-        from vla_rl.envs.libero_warp import LiberoWarpEnv
-
         return LiberoWarpEnv(cfg.libero_warp, num_envs, device=device, seed=seed)
     raise ConfigError(f"unknown env.kind {cfg.kind!r}")
 
@@ -105,16 +100,12 @@ def single_env_factory(cfg: EnvConfig, device: torch.device | str = "cpu") -> tu
     if cfg.kind == "builtin":
         return functools.partial(ColorReachSingleEnv, cfg.builtin), "builtin"
     if cfg.kind == "maniskill":
-        from vla_rl.envs.maniskill import ManiSkillSingleEnv, _base_name
-
         backend = cfg.maniskill.sim_backend
         if backend == "gpu" or (backend == "auto" and torch.device(device).type == "cuda"):
             raise ConfigError("ManiSkill's GPU simulator runs all envs as one batch on the policy's device; it "
                               "cannot be split over env actors (use ray.env_actors=0, or maniskill.sim_backend=cpu)")
         return functools.partial(ManiSkillSingleEnv, cfg.maniskill), f"maniskill-{_base_name(cfg.maniskill.task)}"
     if cfg.kind == "libero":
-        from vla_rl.envs.libero import LiberoSingleEnv
-
         return functools.partial(LiberoSingleEnv, cfg.libero), "libero"
     if cfg.kind == "libero_warp":
         raise ConfigError("libero_warp runs all envs as one batch on the policy's device; it cannot be split over "

@@ -3,30 +3,52 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from vla_rl.config import check_ranges, nonneg, positive, ranged
+from vla_rl.checkpoint.policy import load_any_policy, save_policy
+from vla_rl.config import (
+    ConfigError,
+    check_ranges,
+    from_dict,
+    nonneg,
+    policy_preset,
+    positive,
+    ranged,
+    setting,
+    to_dict,
+)
 from vla_rl.data.dataset import DemoDataset, drop_idle_frames
+from vla_rl.data.lerobot import LeRobotDatasetError, read_lerobot_dataset, read_lerobot_info
+from vla_rl.data.maniskill_demos import demo_env_config
+from vla_rl.data.maniskill_h5 import read_maniskill_h5, read_trajectory_info
+from vla_rl.env_factory import EnvConfig, make_env
+from vla_rl.eval.evaluate import evaluate
+from vla_rl.outputs import POLICY, check_output
 from vla_rl.policies import flow
+from vla_rl.policies.actor import Actor, SamplerConfig
+from vla_rl.policies.model import FlowPolicy, count_parameters
+from vla_rl.policies.normalize import NormStats, Stats, parse_dims
 from vla_rl.progress import progress as progress_bar
-from vla_rl.rl.actor import Actor, SamplerConfig
-from vla_rl.threads import local_worker_processes, policy_threads, torch_threads
+from vla_rl.threads import local_worker_processes, policy_threads, threads_setting, torch_threads
 
 
 @dataclass(frozen=True)
 class SFTConfig:
-    steps: int = ranged(2000, 1)
-    batch_size: int = ranged(64, 1)
-    lr: float = ranged(3e-4, 0, 1, lo_open=True)  # 1e-3 collapses the from-scratch vision features (measured)
-    weight_decay: float = nonneg(1e-4)
-    warmup_steps: int = nonneg(100)
-    grad_clip: float = positive(1.0)
-    seed: int = nonneg(0)
-    log_every: int = ranged(100, 1)
+    """The flow-matching training loop: AdamW, linear warm-up, then cosine decay to 10 % of ``lr``."""
+
+    steps: int = ranged(2000, 1, doc="optimizer steps")
+    batch_size: int = ranged(64, 1, doc="frames per step")
+    lr: float = ranged(3e-4, 0, 1, lo_open=True, doc="peak learning rate (1e-3 collapses the vision features of a "
+                                                      "model trained from scratch)")
+    weight_decay: float = nonneg(1e-4, doc="AdamW's weight decay")
+    warmup_steps: int = nonneg(100, doc="steps of the linear warm-up")
+    grad_clip: float = positive(1.0, doc="gradient norm clip")
+    seed: int = nonneg(0, doc="seed of the batches and the flow-matching noise")
+    log_every: int = ranged(100, 1, doc="steps per logged mean loss")
 
     def __post_init__(self):
         check_ranges(self)
@@ -71,7 +93,7 @@ def train_sft(actor: Actor, data: DemoDataset, cfg: SFTConfig, *, progress: bool
             group["lr"] = lr_at(step, cfg)
         idx = torch.randint(len(data), (cfg.batch_size,), generator=gen)
         obs = {"images": data.images[idx], "state": data.state[idx], "instruction": data.instructions(idx)}
-        prefix = actor.encode(obs)
+        prefix = actor.observe(obs).prefix
         loss, _ = flow.flow_matching_loss(
             model.field(prefix), targets[idx.to(device)],
             action_mask=chunk_mask[idx.to(device)], dim_mask=dim_mask,
@@ -95,34 +117,38 @@ def train_sft(actor: Actor, data: DemoDataset, cfg: SFTConfig, *, progress: bool
 
 @dataclass(frozen=True)
 class SFTRunConfig:
-    """``vla-rl sft DATASET`` settings (DATASET: a LeRobot v3.0 / v2.x folder, see :mod:`vla_rl.data.lerobot`, or a
-    ManiSkill trajectory ``.h5`` with state observations, see :mod:`vla_rl.data.maniskill_demos`)."""
+    """``vla-rl sft DATASET`` settings (DATASET: a LeRobot v3.0 / v2.x folder, see
+    :mod:`vla_rl.data.lerobot`, or a ManiSkill trajectory ``.h5`` with state observations, see
+    :mod:`vla_rl.data.maniskill_h5`)."""
 
-    model: str = "tiny"                    # model preset (configs/model) ...
-    policy: dict[str, Any] = field(default_factory=dict)  # ... with these PolicyConfig overrides (policy.depth=2)
-    init: str | None = None                # or start from this policy folder (ours, an imported or a LeRobot
-                                           # π0 / π0.5 folder): its architecture and weights, new statistics
-    steps: int = ranged(500, 1)
-    batch_size: int = ranged(64, 1)
-    lr: float = ranged(3e-4, 0, 1, lo_open=True)
-    warmup_steps: int = nonneg(100)
-    norm: Literal["mean_std", "quantile"] = "mean_std"
-    seed: int = nonneg(0)
-    out: str = "runs/sft"
-    max_episodes: int | None = ranged(None, 1)   # few-shot: train on the first N episodes only (None: all)
-    idle_threshold: float | None = positive(None)  # drop idle frames (arm |a| below this, gripper unchanged; see
-                                           # data.idle_frames), e.g. 0.02 for ManiSkill motion-planner demos
-    hidden_state_dims: str | int | list[int] | None = nonneg(None)  # state dims the policy never sees (set to 0
-                                           # after normalising, here and in RL / eval): "9-17" hides
-                                           # ManiSkill Panda's joint velocities (see NormStats)
-    eval_episodes: int = nonneg(100)       # datasets that name their env (built-in, ManiSkill); 0 skips it
-    eval_num_envs: int | None = ranged(None, 1)  # None: 100 built-in envs, 2 ManiSkill worker processes
-    eval_seed: int | None = nonneg(None)   # None: 10_000 + seed (disjoint from the collection seeds)
-    num_steps: int = ranged(4, 1)          # ODE steps of the evaluation
-    execute: int = ranged(8, 1)            # actions executed per chunk in the evaluation
-    # torch threads of this process: "auto" = the cores idle at the start less one per env worker process (at
-    # least 1), or a number (1 when several jobs start together on one machine); see vla_rl.threads
-    threads: int | Literal["auto"] = ranged("auto", 1)
+    MOVED = {"num_steps": "sampler.num_steps"}
+
+    model: str = setting("tiny", doc="model preset (configs/model), sized to the data's cameras and dims")
+    policy: dict[str, Any] = setting(default_factory=dict,
+                                     doc="PolicyConfig overrides of the preset (e.g. policy.depth=2)")
+    init: str | None = setting(None, doc="or start from this policy folder (ours, an imported or a LeRobot π0 / π0.5 "
+                                         "folder): its architecture and weights, new normalisation statistics")
+    steps: int = ranged(500, 1, doc="optimizer steps")
+    batch_size: int = ranged(64, 1, doc="frames per step")
+    lr: float = ranged(3e-4, 0, 1, lo_open=True, doc="peak learning rate")
+    warmup_steps: int = nonneg(100, doc="steps of the linear warm-up")
+    norm: Literal["mean_std", "quantile"] = setting("mean_std", doc="how states and actions are normalised")
+    seed: int = nonneg(0, doc="seed of the weights, the batches and the noise")
+    out: str = setting("runs/sft", doc="the policy folder to write")
+    max_episodes: int | None = ranged(None, 1, doc="few-shot: train on the first N episodes only (None: all)")
+    idle_threshold: float | None = positive(
+        None, doc="drop idle frames (arm |a| below this, gripper unchanged; see data.dataset.idle_frames), e.g. 0.02 "
+                  "for ManiSkill motion-planner demos")
+    hidden_state_dims: str | int | list[int] | None = nonneg(
+        None, doc='state dims the policy never sees (0 after normalising, here and in RL / eval): "9-17" hides '
+                  "ManiSkill Panda's joint velocities (see NormStats)")
+    eval_episodes: int = nonneg(100, doc="evaluation episodes after training, for datasets that name their env "
+                                         "(built-in, ManiSkill); 0 skips it")
+    eval_num_envs: int | None = ranged(None, 1, doc="None: 100 built-in envs, 2 ManiSkill worker processes")
+    eval_seed: int | None = nonneg(None, doc="None: 10_000 + seed (disjoint from the collection seeds)")
+    sampler: SamplerConfig = setting(default_factory=SamplerConfig, doc="the evaluation's sampler (ODE by default)")
+    execute: int = ranged(8, 1, doc="actions executed per chunk in the evaluation")
+    threads: int | Literal["auto"] = threads_setting()
 
     def __post_init__(self):
         check_ranges(self)
@@ -133,13 +159,8 @@ def load_demos(dataset: str | Path, max_episodes: int | None = None) -> tuple[De
 
     ``dataset``: a LeRobot v3.0 folder (its info.json's ``vla_rl`` entry names the env) or a ManiSkill
     trajectory ``.h5`` (the task and control mode come from the ``.json`` beside it)."""
-    from vla_rl.config import to_dict
-    from vla_rl.data.lerobot import read_lerobot_dataset, read_lerobot_info
-
     path = Path(dataset)
     if path.suffix == ".h5":
-        from vla_rl.data.maniskill_demos import demo_env_config, read_maniskill_h5, read_trajectory_info
-
         data = read_maniskill_h5(path, max_episodes=max_episodes)
         meta = read_trajectory_info(path)
         env_cfg = demo_env_config(data, task=meta.task, control_mode=meta.control_mode or "pd_ee_delta_pose",
@@ -176,20 +197,30 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True, ov
 
     The model preset's camera count and state / action sizes follow the data unless ``cfg.policy`` sets
     them (sizes only grow: a smaller env vector is zero-padded into the model's)."""
-    from vla_rl.checkpoint import save_policy
-    from vla_rl.config import ConfigError, from_dict, policy_preset, to_dict
-    from vla_rl.env_factory import EnvConfig, make_env
-    from vla_rl.eval.evaluate import evaluate
-    from vla_rl.outputs import POLICY, check_output
-    from vla_rl.policies.model import FlowPolicy, count_parameters
-    from vla_rl.policies.normalize import NormStats, Stats, parse_dims
-
     check_output(cfg.out, overwrite=overwrite, kind=POLICY, inputs={"dataset": dataset, "init policy": cfg.init})
     torch.manual_seed(cfg.seed)
+    data, env_dict = sft_data(dataset, cfg)
+    model = sft_model(cfg, data)
+    norm = sft_norm(cfg, data)
+    print(f"policy '{cfg.init or cfg.model}': {count_parameters(model) / 1e6:.2f}M parameters; "
+          f"SFT for {cfg.steps} steps")
+    sft_cfg = SFTConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
+                        seed=cfg.seed, log_every=max(1, min(100, cfg.steps // 10)))
+    with torch_threads(policy_threads(cfg.threads)):
+        log = train_sft(Actor(model, norm), data, sft_cfg, progress=progress)
+    print(loss_summary(log))
+    path = save_sft_policy(dataset, cfg, model, norm, data, env_dict)
+    print(f"saved the policy to {path}")
+    results: dict = {"sft_log": log, "path": str(path)}
+    if env_dict.get("kind") in ("builtin", "maniskill") and cfg.eval_episodes > 0:
+        results["eval"] = evaluate_sft_policy(cfg, model, norm, env_dict, progress=progress)
+    return results
+
+
+def sft_data(dataset: str | Path, cfg: SFTRunConfig) -> tuple[DemoDataset, dict]:
+    """The frames to train on (``cfg.max_episodes``, idle frames dropped) and the env the dataset came from."""
     data, env_dict = load_demos(dataset, cfg.max_episodes)  # reads (and decodes videos of) those episodes only
     if len(data) == 0:
-        from vla_rl.data.lerobot import LeRobotDatasetError
-
         raise LeRobotDatasetError(f"{dataset} holds no episodes: nothing to train on")
     if cfg.max_episodes is not None:
         data = first_episodes(data, cfg.max_episodes)
@@ -200,12 +231,17 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True, ov
         if len(data) == 0:
             raise ConfigError(f"idle_threshold={cfg.idle_threshold} drops every frame of {dataset}; lower it")
     _, cams, h, w, _ = data.images.shape
-    state_dim, action_dim = data.state.shape[1], data.action.shape[1]
     print(f"dataset {dataset}: {data.num_episodes} episodes, {len(data)} frames, {len(data.tasks)} tasks, "
-          f"{cams} camera(s){f' {h}x{w}' if cams else ''}, state {state_dim}, action {action_dim}")
-    if cfg.init is not None:
-        from vla_rl.interop.lerobot import load_any_policy
+          f"{cams} camera(s){f' {h}x{w}' if cams else ''}, state {data.state.shape[1]}, action {data.action.shape[1]}")
+    return data, env_dict
 
+
+def sft_model(cfg: SFTRunConfig, data: DemoDataset) -> FlowPolicy:
+    """The policy to train: ``cfg.init``'s, or a fresh one of ``cfg.model`` sized to the data; one that cannot see
+    what the data holds is refused here rather than deep inside the forward pass."""
+    _, cams, h, w, _ = data.images.shape
+    state_dim, action_dim = data.state.shape[1], data.action.shape[1]
+    if cfg.init is not None:
         if cfg.policy:
             raise ConfigError("policy.* overrides change a fresh preset; an init= policy keeps its architecture")
         model, _, _ = load_any_policy(cfg.init)
@@ -221,56 +257,59 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True, ov
                 "action_dim": max(base.action_dim, action_dim)}
         pcfg = policy_preset(cfg.model, {**auto, **cfg.policy})
         model = None
-    # The model must see what the data holds; say so here rather than fail deep inside the forward pass.
-    if cfg.init is None and (pcfg.num_cameras != cams or (cams and (pcfg.vision.image_size,
-                                                                     pcfg.vision.image_size) != (h, w))):
-        raise ConfigError(f"model '{cfg.model}' takes {pcfg.num_cameras} camera(s) of {pcfg.vision.image_size}px, "
-                          f"the dataset has {cams} of {h}x{w} (override policy.num_cameras / "
-                          "policy.vision.image_size)")
+        if pcfg.num_cameras != cams or (cams and (pcfg.vision.image_size, pcfg.vision.image_size) != (h, w)):
+            raise ConfigError(f"model '{cfg.model}' takes {pcfg.num_cameras} camera(s) of {pcfg.vision.image_size}px, "
+                              f"the dataset has {cams} of {h}x{w} (override policy.num_cameras / "
+                              "policy.vision.image_size)")
     if state_dim > pcfg.state_dim or action_dim > pcfg.action_dim:
         raise ConfigError(f"model '{cfg.model}' has state/action dims {pcfg.state_dim}/{pcfg.action_dim}, the "
                           f"dataset needs {state_dim}/{action_dim}")
+    return FlowPolicy(pcfg) if model is None else model
+
+
+def sft_norm(cfg: SFTRunConfig, data: DemoDataset) -> NormStats:
+    """The data's normalisation statistics (``cfg.norm``), with the state dims the policy never sees."""
     try:
-        hidden = parse_dims(cfg.hidden_state_dims, state_dim)
+        hidden = parse_dims(cfg.hidden_state_dims, data.state.shape[1])
     except ValueError as e:
         raise ConfigError(f"hidden_state_dims: {e}") from None
     norm = NormStats(Stats.of(data.state), Stats.of(data.action), cfg.norm, hidden)
     if hidden:
         print(f"hidden state dims (the policy sees 0 there): {list(hidden)}")
-    model = FlowPolicy(pcfg) if model is None else model
-    actor = Actor(model, norm)
-    print(f"policy '{cfg.init or cfg.model}': {count_parameters(model) / 1e6:.2f}M parameters; "
-          f"SFT for {cfg.steps} steps")
-    sft_cfg = SFTConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
-                        seed=cfg.seed, log_every=max(1, min(100, cfg.steps // 10)))
-    with torch_threads(policy_threads(cfg.threads)):
-        log = train_sft(actor, data, sft_cfg, progress=progress)
-    print(loss_summary(log))
+    return norm
+
+
+def save_sft_policy(dataset: str | Path, cfg: SFTRunConfig, model: FlowPolicy, norm: NormStats, data: DemoDataset,
+                    env_dict: dict) -> Path:
+    """The policy folder ``cfg.out``: weights, normalisation, the env it is for (what `vla-rl eval` and
+    `vla-rl train init=` use by default) and how it was trained."""
     kind = env_dict.get("kind")
     env_name = {"builtin": "builtin/color_reach",
                 "maniskill": f"maniskill/{env_dict.get('maniskill', {}).get('task')}"}.get(kind, "lerobot")
-    path = save_policy(cfg.out, model, norm, meta={
-        "env": {"name": env_name, "state_dim": state_dim, "action_dim": action_dim},
-        "env_config": env_dict,  # what `vla-rl eval` / `vla-rl train init=` use by default
+    return save_policy(cfg.out, model, norm, meta={
+        "env": {"name": env_name, "state_dim": data.state.shape[1], "action_dim": data.action.shape[1]},
+        "env_config": env_dict,
         "sft": {**to_dict(cfg), "dataset": str(dataset), "tasks": list(data.tasks),
                 "episodes": data.num_episodes, "frames": len(data)}})
-    print(f"saved the policy to {path}")
-    results: dict = {"sft_log": log, "path": str(path)}
-    if kind in ("builtin", "maniskill") and cfg.eval_episodes > 0:
-        env_cfg = from_dict(EnvConfig, env_dict, prefix="dataset env")
-        n = cfg.eval_num_envs or (min(cfg.eval_episodes, 100) if kind == "builtin" else 2)
-        eval_seed = 10_000 + cfg.seed if cfg.eval_seed is None else cfg.eval_seed
-        env = make_env(env_cfg, num_envs=n, device=torch.device("cpu"), seed=eval_seed)
-        try:
-            actor = Actor.for_env(model, norm, env.spec)
-            threads = policy_threads(cfg.threads, worker_processes=local_worker_processes([env]))
-            with torch_threads(threads):
-                m = evaluate(actor, env, num_episodes=cfg.eval_episodes, sampler=SamplerConfig(cfg.num_steps, "ode"),
-                             execute=cfg.execute, seed=eval_seed, progress=progress)
-        finally:
-            if hasattr(env, "close"):
-                env.close()
-        results["eval"] = m
-        print(f"success (ODE sampler, {cfg.eval_episodes} episodes, seeds {eval_seed}...): "
-              f"{m['eval/success_once']:.2f}")
-    return results
+
+
+def evaluate_sft_policy(cfg: SFTRunConfig, model: FlowPolicy, norm: NormStats, env_dict: dict, *,
+                        progress: bool) -> dict:
+    """The trained policy's success on the env the dataset came from (``cfg.eval_episodes``, ``cfg.sampler``)."""
+    kind = env_dict["kind"]
+    env_cfg = from_dict(EnvConfig, env_dict, prefix="dataset env")
+    n = cfg.eval_num_envs or (min(cfg.eval_episodes, 100) if kind == "builtin" else 2)
+    eval_seed = 10_000 + cfg.seed if cfg.eval_seed is None else cfg.eval_seed
+    env = make_env(env_cfg, num_envs=n, device=torch.device("cpu"), seed=eval_seed)
+    try:
+        actor = Actor.for_env(model, norm, env.spec)
+        threads = policy_threads(cfg.threads, worker_processes=local_worker_processes([env]))
+        with torch_threads(threads):
+            m = evaluate(actor, env, num_episodes=cfg.eval_episodes, sampler=cfg.sampler,
+                         execute=cfg.execute, seed=eval_seed, progress=progress)
+    finally:
+        if hasattr(env, "close"):
+            env.close()
+    print(f"success ({cfg.sampler.method.upper()} sampler, {cfg.eval_episodes} episodes, seeds {eval_seed}...): "
+          f"{m['eval/success_once']:.2f}")
+    return m

@@ -22,6 +22,9 @@ from typing import Literal
 
 import torch
 
+from vla_rl.config import ranged
+from vla_rl.envs.workers import WorkerVectorEnv
+
 Threads = int | Literal["auto"]
 
 # A core counts as idle when less than this fraction of it is busy elsewhere: background daemons (a few % of a
@@ -110,6 +113,13 @@ def measured_busy_cores() -> float:
     return _last_load[1]
 
 
+def threads_setting():
+    """The ``threads`` field of a job's config."""
+    return ranged("auto", 1, doc="torch threads of this process: auto = the cores idle at the start less one per env "
+                                 "worker process (at least 1), or a number (1 when several jobs start together on one "
+                                 "machine); see vla_rl/threads.py")
+
+
 def policy_threads(setting: Threads, *, worker_processes: int = 0, cores: int | None = None,
                    busy: float | None = None, environ: dict | None = None) -> int:
     """The torch threads of the policy process: ``setting`` itself, or for ``"auto"`` a positive integer
@@ -146,8 +156,6 @@ def threads_note(setting: Threads, count: int, *, worker_processes: int = 0) -> 
 def local_worker_processes(envs: Iterable) -> int:
     """The env worker processes on this machine behind ``envs`` (each env counted once; in-process envs and
     Ray env actors, which may run elsewhere and set their own threads, count 0)."""
-    from vla_rl.envs.workers import WorkerVectorEnv
-
     seen: dict[int, int] = {}
     for env in envs:
         if env is not None and isinstance(env, WorkerVectorEnv):

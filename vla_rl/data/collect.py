@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import torch
 
-from vla_rl.config import ConfigError, check_ranges, nonneg, ranged, to_dict
+from vla_rl.config import ConfigError, check_ranges, nonneg, ranged, setting, to_dict
 from vla_rl.data.dataset import DemoDataset
+from vla_rl.data.lerobot import write_lerobot_dataset
+from vla_rl.data.maniskill_demos import PLANNED_TASKS, collect_maniskill
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
+from vla_rl.outputs import DATASET, TRAJECTORIES, check_output
 from vla_rl.progress import progress as progress_bar
 
 # Kinds of scripted experts ``vla-rl collect`` knows: the built-in task's expert, ManiSkill's motion planners.
@@ -27,25 +30,27 @@ DEFAULT_FPS = {"builtin": 10, "maniskill": 20}   # built-in: no clock; ManiSkill
 class CollectConfig:
     """``vla-rl collect builtin OUT`` settings."""
 
-    episodes: int = ranged(50, 1)
-    seed: int = nonneg(0)
-    noise: float = nonneg(0.1)       # Gaussian action noise of the expert (demos then show some recoveries)
-    num_envs: int = ranged(16, 1)
-    fps: int | None = ranged(None, 1)  # LeRobot timestamps; None: DEFAULT_FPS of the kind
-    env: ColorReachConfig = field(default_factory=ColorReachConfig)
-    # camera images as MP4 files (AV1, lossy, LeRobot's default for recorded data) instead of PNG in the parquet
-    video: bool = False
-    # ManiSkill only (vla_rl.data.maniskill_demos): the task, the control mode demos are converted to, and the
-    # episode limit recorded for evaluation / RL (None: the task's, raised to 1.5 x the longest demo).
-    task: str = "PushCube-v1"
-    control_mode: str = "pd_ee_delta_pose"
-    obs_mode: Literal["state", "rgb"] = "state"   # rgb: camera images (image_size px) + proprioception
-    image_size: int = ranged(64, 1)
-    max_episode_steps: int | None = ranged(None, 1)
-    # ManiSkill: motion plans tried at most (seeds seed, seed + 1, ...) to get `episodes` good demos; a plan
-    # that fails, or whose conversion to control_mode fails or is corrupt, is dropped and reported.
-    # None: 3 x episodes + 10.
-    max_tries: int | None = ranged(None, 1)
+    episodes: int = ranged(50, 1, doc="episodes to record")
+    seed: int = nonneg(0, doc="seed of the first episode (episode k: seed + k)")
+    noise: float = nonneg(0.1, doc="Gaussian action noise of the expert (demos then show some recoveries)")
+    num_envs: int = ranged(16, 1, doc="built-in: envs the expert runs in parallel")
+    fps: int | None = ranged(None, 1, doc="LeRobot timestamps; None: DEFAULT_FPS of the kind")
+    env: ColorReachConfig = setting(default_factory=ColorReachConfig, doc="built-in: the task's level")
+    video: bool = setting(
+        False, doc="camera images as MP4 files (AV1, lossy, LeRobot's default for recorded data) instead of PNG in "
+                   "the parquet")
+    task: str = setting("PushCube-v1", doc="ManiSkill: the task (vla_rl.data.maniskill_demos)")
+    control_mode: str = setting("pd_ee_delta_pose", doc="ManiSkill: the control mode the demos are converted to")
+    obs_mode: Literal["state", "rgb"] = setting(
+        "state", doc="ManiSkill: rgb = camera images (image_size px) + proprioception")
+    image_size: int = ranged(64, 1, doc="ManiSkill: camera images are S x S")
+    max_episode_steps: int | None = ranged(
+        None, 1, doc="ManiSkill: the episode limit recorded for evaluation / RL (None: the task's, raised to 1.5 x the "
+                     "longest demo)")
+    max_tries: int | None = ranged(
+        None, 1, doc="ManiSkill: motion plans tried at most (seeds seed, seed + 1, ...) to get `episodes` good demos; "
+                     "a plan that fails, or whose conversion to control_mode fails or is corrupt, is dropped and "
+                     "reported. None: 3 x episodes + 10.")
 
     def __post_init__(self):
         check_ranges(self)
@@ -119,17 +124,12 @@ def collect_dataset(kind: str, out: str | Path, cfg: CollectConfig, *, overwrite
     evaluate on the task the demos came from, and the collector's settings (``"collect"``:
     :func:`collector_settings`). An ``out`` that holds anything is refused before any work
     unless ``overwrite`` (then replaced atomically once the new dataset is complete)."""
-    from vla_rl.data.lerobot import write_lerobot_dataset
-    from vla_rl.outputs import DATASET, TRAJECTORIES, check_output
-
     settings = collector_settings(kind, cfg)
     check_output(out, overwrite=overwrite, kind=DATASET, elsewhere="another OUT folder")
     if kind == "maniskill":   # ManiSkill's own files of an earlier collection into OUT live beside it
         raw = Path(out).with_name(Path(out).name + ".maniskill")
         check_output(raw, overwrite=overwrite, kind=TRAJECTORIES, elsewhere="another OUT folder")
     if kind == "maniskill":
-        from vla_rl.data.maniskill_demos import PLANNED_TASKS, collect_maniskill
-
         if cfg.task not in PLANNED_TASKS:
             raise ConfigError(f"ManiSkill has no motion-planning solution for task={cfg.task!r}; it has one for: "
                               f"{', '.join(PLANNED_TASKS)}")

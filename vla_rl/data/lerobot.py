@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +37,7 @@ import pyarrow.parquet as pq
 import torch
 from PIL import Image
 
-from vla_rl.checkpoint import atomic_folder
+from vla_rl.checkpoint.folders import atomic_folder
 from vla_rl.data.dataset import DemoDataset
 from vla_rl.data.lerobot_video import DEFAULT_CODEC, PIX_FMT, VideoError, VideoWriter, codec_name, read_frames
 
@@ -121,6 +122,23 @@ def _tasks_table(tasks: list[str]) -> pa.Table:
     return table.replace_schema_metadata({b"pandas": json.dumps(pandas_meta).encode()})
 
 
+@dataclass
+class _Frames:
+    """The columns of a dataset to write, as numpy arrays over its ``M`` frames."""
+
+    images: np.ndarray          # [M, C, H, W, 3] uint8
+    image_keys: list[str]       # the C cameras' features
+    state: np.ndarray           # [M, S] float32
+    action: np.ndarray          # [M, A] float32
+    timestamp: np.ndarray       # [M] float32: frame_index / fps within each episode (LeRobot's)
+    frame_index: np.ndarray     # [M] int64
+    episode_index: np.ndarray   # [M] int64
+    task_index: np.ndarray      # [M] int64
+    tasks: list[str]
+    ranges: list[tuple[int, int, int]]   # (episode, first frame, end frame) of each episode
+    fps: int
+
+
 def write_lerobot_dataset(path: str | Path, data: DemoDataset, *, fps: int, camera_names: list[str] | tuple[str, ...],
                           robot_type: str | None = None, extra_info: dict | None = None, video: bool = False,
                           video_codec: str = DEFAULT_CODEC) -> Path:
@@ -134,141 +152,169 @@ def write_lerobot_dataset(path: str | Path, data: DemoDataset, *, fps: int, came
     never destroys the previous one.
     """
     path = Path(path)
+    frames = _frames_to_write(data, fps=fps, camera_names=camera_names)
+    _, num_cams, h, w, _ = frames.images.shape
+    if video and num_cams and (h % 2 or w % 2):
+        raise ValueError(f"video=True needs even image sizes (yuv420p), got {h}x{w}")
+    video = video and num_cams > 0
+    features = _features(frames, video=video, video_codec=video_codec)
+    with atomic_folder(path) as tmp:
+        episode_rows = _write_frames(tmp, frames, video=video, video_codec=video_codec)
+        _write_episodes(tmp, episode_rows, frames.tasks)
+        _write_info(tmp, frames, features, robot_type=robot_type, extra_info=extra_info, video=video)
+    return path
+
+
+def _frames_to_write(data: DemoDataset, *, fps: int, camera_names) -> _Frames:
+    """``data``'s columns, checked."""
     if fps < 1:
         raise ValueError(f"fps must be >= 1, got {fps}")
     images = data.images.numpy()
     if images.dtype != np.uint8 or images.ndim != 5 or images.shape[-1] != 3:
         raise ValueError(f"images must be uint8 [M, C, H, W, 3], got {images.dtype} {tuple(images.shape)}")
-    m, num_cams, h, w, _ = images.shape
+    m, num_cams = images.shape[:2]
     if len(camera_names) != num_cams:
         raise ValueError(f"{len(camera_names)} camera names for {num_cams} cameras")
     if m == 0:
         raise ValueError("cannot write an empty dataset")
-    state = data.state.float().numpy()
-    action = data.action.float().numpy()
-    episode_index = data.episode_index.long().numpy()
     frame_index = data.frame_index.long().numpy()
-    task_index = data.task_index.long().numpy()
-    ranges = _episode_ranges(episode_index)
-    image_keys = [IMAGE_PREFIX + c for c in camera_names]
+    episode_index = data.episode_index.long().numpy()
+    return _Frames(images=images, image_keys=[IMAGE_PREFIX + c for c in camera_names],
+                   state=data.state.float().numpy(), action=data.action.float().numpy(),
+                   timestamp=(frame_index / fps).astype(np.float32), frame_index=frame_index,
+                   episode_index=episode_index, task_index=data.task_index.long().numpy(), tasks=list(data.tasks),
+                   ranges=_episode_ranges(episode_index), fps=fps)
 
-    if video and num_cams and (h % 2 or w % 2):
-        raise ValueError(f"video=True needs even image sizes (yuv420p), got {h}x{w}")
-    video = video and num_cams > 0
+
+def _features(f: _Frames, *, video: bool, video_codec: str) -> dict[str, dict]:
+    """info.json's ``features``: each camera (an image, or a video with its encoding), then the vectors."""
+    _, _, h, w, _ = f.images.shape
     video_info = {"video.height": h, "video.width": w, "video.codec": codec_name(video_codec),
-                  "video.pix_fmt": PIX_FMT, "video.is_depth_map": False, "video.fps": fps, "video.channels": 3,
+                  "video.pix_fmt": PIX_FMT, "video.is_depth_map": False, "video.fps": f.fps, "video.channels": 3,
                   "has_audio": False}
     features: dict[str, dict] = {
         key: {"dtype": "video" if video else "image", "shape": [h, w, 3], "names": ["height", "width", "channel"],
-              **({"info": video_info} if video else {})} for key in image_keys}
+              **({"info": video_info} if video else {})} for key in f.image_keys}
     features.update({
-        "observation.state": _vector_feature(state.shape[1]), "action": _vector_feature(action.shape[1]),
+        "observation.state": _vector_feature(f.state.shape[1]), "action": _vector_feature(f.action.shape[1]),
         "timestamp": _vector_feature(1), "frame_index": _vector_feature(1, "int64"),
         "episode_index": _vector_feature(1, "int64"), "index": _vector_feature(1, "int64"),
         "task_index": _vector_feature(1, "int64")})
-    # LeRobot's timestamps are frame_index / fps within each episode.
-    timestamp = (frame_index / fps).astype(np.float32)
+    return features
 
-    def frames_table(lo: int, hi: int, pngs: dict[str, list[bytes]]) -> pa.Table:
-        image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
-        cols = {} if video else {key: pa.array([{"bytes": b, "path": None} for b in pngs[key]], image_type)
-                                 for key in image_keys}
-        cols.update({
-            "observation.state": pa.array(list(state[lo:hi]), pa.list_(pa.float32())),
-            "action": pa.array(list(action[lo:hi]), pa.list_(pa.float32())),
-            "timestamp": pa.array(timestamp[lo:hi], pa.float32()),
-            "frame_index": pa.array(frame_index[lo:hi], pa.int64()),
-            "episode_index": pa.array(episode_index[lo:hi], pa.int64()),
-            "index": pa.array(np.arange(lo, hi), pa.int64()),
-            "task_index": pa.array(task_index[lo:hi], pa.int64())})
-        return pa.table(cols)
 
-    with atomic_folder(path) as tmp:
-        # Data files: whole episodes, a new file once the current one passes DATA_FILES_SIZE_MB.
-        episode_rows: list[dict] = []
-        file_no, file_start, file_bytes = 0, ranges[0][1], 0
-        pngs: dict[str, list[bytes]] = {k: [] for k in image_keys}
+def _frames_table(f: _Frames, lo: int, hi: int, pngs: dict[str, list[bytes]], *, video: bool) -> pa.Table:
+    """One data file: frames ``lo:hi`` (the cameras' PNG bytes unless they are in videos)."""
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    cols = {} if video else {key: pa.array([{"bytes": b, "path": None} for b in pngs[key]], image_type)
+                             for key in f.image_keys}
+    cols.update({
+        "observation.state": pa.array(list(f.state[lo:hi]), pa.list_(pa.float32())),
+        "action": pa.array(list(f.action[lo:hi]), pa.list_(pa.float32())),
+        "timestamp": pa.array(f.timestamp[lo:hi], pa.float32()),
+        "frame_index": pa.array(f.frame_index[lo:hi], pa.int64()),
+        "episode_index": pa.array(f.episode_index[lo:hi], pa.int64()),
+        "index": pa.array(np.arange(lo, hi), pa.int64()),
+        "task_index": pa.array(f.task_index[lo:hi], pa.int64())})
+    return pa.table(cols)
 
-        def flush(end: int) -> None:
-            nonlocal file_no, file_start, file_bytes, pngs
+
+def _write_frames(tmp: Path, f: _Frames, *, video: bool, video_codec: str) -> list[dict]:
+    """The data files (whole episodes, a new file once the current one passes DATA_FILES_SIZE_MB) and, with
+    ``video``, one video file per camera (whole episodes, a new one past VIDEO_FILES_SIZE_MB); returns each
+    episode's row of the episodes table (where its frames are)."""
+    m, _, h, w, _ = f.images.shape
+    episode_rows: list[dict] = []
+    file_no, file_start, file_bytes = 0, f.ranges[0][1], 0
+    pngs: dict[str, list[bytes]] = {k: [] for k in f.image_keys}
+
+    def flush(end: int) -> None:
+        nonlocal file_no, file_start, file_bytes, pngs
+        chunk, fidx = divmod(file_no, CHUNKS_SIZE)
+        _write_parquet(_frames_table(f, file_start, end, pngs, video=video),
+                       tmp / DATA_PATH.format(chunk_index=chunk, file_index=fidx))
+        file_no, file_start, file_bytes = file_no + 1, end, 0
+        pngs = {k: [] for k in f.image_keys}
+
+    writers: dict[str, VideoWriter] = {}
+    video_files = {key: -1 for key in f.image_keys}
+
+    def video_writer(key: str) -> tuple[VideoWriter, int]:
+        w_ = writers.get(key)
+        if w_ is None or w_.size_bytes() >= VIDEO_FILES_SIZE_MB * 1024 * 1024:
+            if w_ is not None:
+                w_.close()
+            video_files[key] += 1
+            chunk_, fidx_ = divmod(video_files[key], CHUNKS_SIZE)
+            w_ = writers[key] = VideoWriter(
+                tmp / VIDEO_PATH.format(video_key=key, chunk_index=chunk_, file_index=fidx_),
+                fps=f.fps, height=h, width=w, codec=video_codec)
+        return w_, video_files[key]
+
+    try:
+        for ep, lo, hi in f.ranges:
             chunk, fidx = divmod(file_no, CHUNKS_SIZE)
-            _write_parquet(frames_table(file_start, end, pngs),
-                           tmp / DATA_PATH.format(chunk_index=chunk, file_index=fidx))
-            file_no, file_start, file_bytes = file_no + 1, end, 0
-            pngs = {k: [] for k in image_keys}
+            row = {"episode_index": ep}
+            for c, key in enumerate(f.image_keys):
+                if video:
+                    writer, vfile = video_writer(key)
+                    start, end = writer.add(f.images[lo:hi, c])
+                    vchunk, vfidx = divmod(vfile, CHUNKS_SIZE)
+                    row.update({f"videos/{key}/chunk_index": vchunk, f"videos/{key}/file_index": vfidx,
+                                f"videos/{key}/from_timestamp": start, f"videos/{key}/to_timestamp": end})
+                    continue
+                encoded = [_png(f.images[i, c]) for i in range(lo, hi)]
+                pngs[key].extend(encoded)
+                file_bytes += sum(len(b) for b in encoded)
+            file_bytes += (hi - lo) * 4 * (f.state.shape[1] + f.action.shape[1] + 10)
+            tasks = sorted({f.tasks[t] for t in f.task_index[lo:hi].tolist()})
+            row.update({"tasks": tasks, "length": hi - lo, "data/chunk_index": chunk, "data/file_index": fidx,
+                        "dataset_from_index": lo, "dataset_to_index": hi,
+                        "meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0})
+            episode_rows.append(row)
+            if file_bytes >= DATA_FILES_SIZE_MB * 1024 * 1024:
+                flush(hi)
+        if file_start < m:
+            flush(m)
+    finally:
+        for writer in writers.values():
+            writer.close()
+    return episode_rows
 
-        # Video files: one per camera, whole episodes, a new one once the current passes VIDEO_FILES_SIZE_MB.
-        writers: dict[str, VideoWriter] = {}
-        video_files = {key: -1 for key in image_keys}
 
-        def video_writer(key: str) -> tuple[VideoWriter, int]:
-            w_ = writers.get(key)
-            if w_ is None or w_.size_bytes() >= VIDEO_FILES_SIZE_MB * 1024 * 1024:
-                if w_ is not None:
-                    w_.close()
-                video_files[key] += 1
-                chunk_, fidx_ = divmod(video_files[key], CHUNKS_SIZE)
-                w_ = writers[key] = VideoWriter(
-                    tmp / VIDEO_PATH.format(video_key=key, chunk_index=chunk_, file_index=fidx_),
-                    fps=fps, height=h, width=w, codec=video_codec)
-            return w_, video_files[key]
+def _write_episodes(tmp: Path, episode_rows: list[dict], tasks: list[str]) -> None:
+    """The episodes table (one row per episode: its tasks, length and files) and the tasks table."""
+    episodes = pa.table({
+        "episode_index": pa.array([r["episode_index"] for r in episode_rows], pa.int64()),
+        "tasks": pa.array([r["tasks"] for r in episode_rows], pa.list_(pa.string())),
+        "length": pa.array([r["length"] for r in episode_rows], pa.int64()),
+        **{k: pa.array([r[k] for r in episode_rows], pa.int64()) for k in (
+            "data/chunk_index", "data/file_index", "dataset_from_index", "dataset_to_index",
+            "meta/episodes/chunk_index", "meta/episodes/file_index")},
+        **{k: pa.array([r[k] for r in episode_rows], pa.float64() if k.endswith("timestamp") else pa.int64())
+           for k in episode_rows[0] if k.startswith("videos/")}})
+    _write_parquet(episodes, tmp / EPISODES_PATH.format(chunk_index=0, file_index=0))
+    _write_parquet(_tasks_table(tasks), tmp / "meta" / "tasks.parquet")
 
-        try:
-            for ep, lo, hi in ranges:
-                chunk, fidx = divmod(file_no, CHUNKS_SIZE)
-                row = {"episode_index": ep}
-                for c, key in enumerate(image_keys):
-                    if video:
-                        writer, vfile = video_writer(key)
-                        start, end = writer.add(images[lo:hi, c])
-                        vchunk, vfidx = divmod(vfile, CHUNKS_SIZE)
-                        row.update({f"videos/{key}/chunk_index": vchunk, f"videos/{key}/file_index": vfidx,
-                                    f"videos/{key}/from_timestamp": start, f"videos/{key}/to_timestamp": end})
-                        continue
-                    encoded = [_png(images[i, c]) for i in range(lo, hi)]
-                    pngs[key].extend(encoded)
-                    file_bytes += sum(len(b) for b in encoded)
-                file_bytes += (hi - lo) * 4 * (state.shape[1] + action.shape[1] + 10)
-                tasks = sorted({data.tasks[t] for t in task_index[lo:hi].tolist()})
-                row.update({"tasks": tasks, "length": hi - lo, "data/chunk_index": chunk, "data/file_index": fidx,
-                            "dataset_from_index": lo, "dataset_to_index": hi,
-                            "meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0})
-                episode_rows.append(row)
-                if file_bytes >= DATA_FILES_SIZE_MB * 1024 * 1024:
-                    flush(hi)
-            if file_start < m:
-                flush(m)
-        finally:
-            for writer in writers.values():
-                writer.close()
 
-        episodes = pa.table({
-            "episode_index": pa.array([r["episode_index"] for r in episode_rows], pa.int64()),
-            "tasks": pa.array([r["tasks"] for r in episode_rows], pa.list_(pa.string())),
-            "length": pa.array([r["length"] for r in episode_rows], pa.int64()),
-            **{k: pa.array([r[k] for r in episode_rows], pa.int64()) for k in (
-                "data/chunk_index", "data/file_index", "dataset_from_index", "dataset_to_index",
-                "meta/episodes/chunk_index", "meta/episodes/file_index")},
-            **{k: pa.array([r[k] for r in episode_rows], pa.float64() if k.endswith("timestamp") else pa.int64())
-               for k in episode_rows[0] if k.startswith("videos/")}})
-        _write_parquet(episodes, tmp / EPISODES_PATH.format(chunk_index=0, file_index=0))
-        _write_parquet(_tasks_table(list(data.tasks)), tmp / "meta" / "tasks.parquet")
-
-        stats = {key: _image_stats(images[:, c]) for c, key in enumerate(image_keys)}
-        stats.update({"observation.state": _stats(state), "action": _stats(action),
-                      "timestamp": _stats(timestamp[:, None]), "frame_index": _stats(frame_index[:, None]),
-                      "episode_index": _stats(episode_index[:, None]), "index": _stats(np.arange(m)[:, None]),
-                      "task_index": _stats(task_index[:, None])})
-        info = {
-            "codebase_version": CODEBASE_VERSION, "robot_type": robot_type,
-            "total_episodes": len(ranges), "total_frames": m, "total_tasks": len(data.tasks),
-            "chunks_size": CHUNKS_SIZE, "data_files_size_in_mb": DATA_FILES_SIZE_MB,
-            "video_files_size_in_mb": VIDEO_FILES_SIZE_MB, "fps": fps, "splits": {"train": f"0:{len(ranges)}"},
-            "data_path": DATA_PATH, "video_path": VIDEO_PATH if video else None, "features": features,
-            **(extra_info or {})}
-        (tmp / "meta" / "info.json").write_text(json.dumps(info, indent=2))
-        (tmp / "meta" / "stats.json").write_text(json.dumps(stats, indent=2))
-    return path
+def _write_info(tmp: Path, f: _Frames, features: dict, *, robot_type: str | None, extra_info: dict | None,
+                video: bool) -> None:
+    """meta/info.json (sizes, layout, features, ``extra_info``) and meta/stats.json (every feature's statistics)."""
+    m = len(f.images)
+    stats = {key: _image_stats(f.images[:, c]) for c, key in enumerate(f.image_keys)}
+    stats.update({"observation.state": _stats(f.state), "action": _stats(f.action),
+                  "timestamp": _stats(f.timestamp[:, None]), "frame_index": _stats(f.frame_index[:, None]),
+                  "episode_index": _stats(f.episode_index[:, None]), "index": _stats(np.arange(m)[:, None]),
+                  "task_index": _stats(f.task_index[:, None])})
+    info = {
+        "codebase_version": CODEBASE_VERSION, "robot_type": robot_type,
+        "total_episodes": len(f.ranges), "total_frames": m, "total_tasks": len(f.tasks),
+        "chunks_size": CHUNKS_SIZE, "data_files_size_in_mb": DATA_FILES_SIZE_MB,
+        "video_files_size_in_mb": VIDEO_FILES_SIZE_MB, "fps": f.fps, "splits": {"train": f"0:{len(f.ranges)}"},
+        "data_path": DATA_PATH, "video_path": VIDEO_PATH if video else None, "features": features,
+        **(extra_info or {})}
+    (tmp / "meta" / "info.json").write_text(json.dumps(info, indent=2))
+    (tmp / "meta" / "stats.json").write_text(json.dumps(stats, indent=2))
 
 
 # ---------------------------------------------------------------------------------------------------------

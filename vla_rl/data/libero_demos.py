@@ -23,9 +23,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from vla_rl.checkpoint import atomic_folder
+from vla_rl.checkpoint.folders import atomic_folder
 from vla_rl.config import check_ranges, nonneg, positive, ranged, to_dict
 from vla_rl.data.dataset import DemoDataset
+from vla_rl.data.lerobot import write_lerobot_dataset
+from vla_rl.envs.libero import LiberoConfig, LiberoSingleEnv
+from vla_rl.outputs import DATASET, check_output
 from vla_rl.progress import progress as progress_bar
 
 # Our LeRobot writer's names -> the LIBERO layout's.
@@ -68,8 +71,6 @@ def random_policy(rng: np.random.Generator, scale: float):
 def record_libero_episodes(cfg: LiberoRecordConfig, *, progress: bool = True) -> DemoDataset:
     """Run ``cfg.episodes_per_task`` episodes (init states 0, 1, ...) of each task; every frame is the
     observation before an action and that action."""
-    from vla_rl.envs.libero import LiberoConfig, LiberoSingleEnv
-
     env = LiberoSingleEnv(LiberoConfig(suite=cfg.suite, task_ids=list(cfg.task_ids), image_size=cfg.image_size,
                                        max_episode_steps=cfg.max_episode_steps,
                                        image_orientation=cfg.image_orientation))
@@ -112,8 +113,6 @@ def record_libero_episodes(cfg: LiberoRecordConfig, *, progress: bool = True) ->
 def write_libero_layout(path: str | Path, data: DemoDataset, *, fps: int = 10, extra_info: dict | None = None) -> Path:
     """Write ``data`` (cameras agentview, wrist) as a LeRobot v3.0 dataset with the LIBERO feature names
     (``image``, ``wrist_image``, ``state``, ``actions``), atomically."""
-    from vla_rl.data.lerobot import write_lerobot_dataset
-
     if data.images.shape[1] != 2:
         raise ValueError(f"the LIBERO layout has 2 cameras (image, wrist_image), the data has {data.images.shape[1]}")
     with atomic_folder(path) as tmp:
@@ -154,8 +153,6 @@ def record_libero_dataset(path: str | Path, cfg: LiberoRecordConfig | None = Non
                           overwrite: bool = False) -> Path:
     """Record episodes with :func:`record_libero_episodes` and write them in the LIBERO layout (a ``path``
     that holds anything is refused before any work unless ``overwrite``)."""
-    from vla_rl.outputs import DATASET, check_output
-
     check_output(path, overwrite=overwrite, kind=DATASET, elsewhere="another OUT folder")
     cfg = cfg or LiberoRecordConfig()
     data = record_libero_episodes(cfg, progress=progress)

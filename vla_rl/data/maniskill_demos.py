@@ -1,4 +1,4 @@
-"""ManiSkill3 demonstrations: motion-planner demos, control-mode conversion, and ManiSkill's ``.h5`` files.
+"""ManiSkill3 demonstrations: motion-planner demos and their control-mode conversion, collected as a dataset.
 
 The pipeline behind ``vla-rl collect maniskill`` (each step a function, so each can be used alone):
 
@@ -8,16 +8,14 @@ The pipeline behind ``vla-rl collect maniskill`` (each step a function, so each 
 2. :func:`convert_demos` replays them with ManiSkill's ``replay_trajectory`` into the control mode and
    observation mode the policy uses (default ``pd_ee_delta_pose``, ``state``): the converter tracks the
    joint-space plan closed-loop with the target controller and keeps the replays that still succeed.
-3. :func:`read_maniskill_h5` turns such a file (or any ManiSkill trajectory file a user brings) into a
+3. :func:`~vla_rl.data.maniskill_h5.read_maniskill_h5` turns such a file into a
    :class:`~vla_rl.data.dataset.DemoDataset`; :func:`collect_maniskill` writes it as a LeRobot v3.0 dataset.
 
 A bad demonstration never costs the collection: :func:`collect_maniskill` drops an episode whose plan,
 conversion, frames or first observation is wrong (reporting its seed and why), plans more seeds until it
 has the episodes asked for or has tried ``max_tries`` seeds, and writes what it has.
 
-ManiSkill's trajectory format: ``traj_<i>/obs`` has one more row than ``traj_<i>/actions`` (the final
-observation); frame ``t`` pairs ``obs[t]`` with ``actions[t]``. The ``.json`` beside the file names the
-task (``env_info.env_id``), its control / observation mode and each episode's reset seed.
+Reading trajectory files (ManiSkill's format) is :mod:`vla_rl.data.maniskill_h5`.
 """
 
 from __future__ import annotations
@@ -26,32 +24,38 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
+import vla_rl
+from vla_rl.config import from_dict, to_dict
 from vla_rl.data.dataset import DemoDataset, concat_episodes, select_episodes
-from vla_rl.envs.maniskill import default_instruction, ensure_vulkan, make_task
+from vla_rl.data.lerobot import read_lerobot_dataset, read_lerobot_info, write_lerobot_dataset
+from vla_rl.data.maniskill_h5 import (
+    DroppedEpisode,
+    ManiSkillDemoError,
+    episode_seed,
+    kept_episodes,
+    read_maniskill_episodes,
+    read_maniskill_h5,
+    read_trajectory_info,
+)
+from vla_rl.envs.maniskill import (
+    ManiSkillConfig,
+    ManiSkillSingleEnv,
+    ensure_vulkan,
+    make_task,
+    task_max_episode_steps,
+)
 from vla_rl.progress import progress as progress_bar
 
 # The tasks ManiSkill 3.0.1 ships a Panda motion-planning solution for (``...panda.solutions``).
 PLANNED_TASKS = ("PickCube-v1", "PushCube-v1", "StackCube-v1", "PullCube-v1", "LiftPegUpright-v1",
                  "PegInsertionSide-v1", "PlugCharger-v1", "PlaceSphere-v1", "PullCubeTool-v1",
                  "StackPyramid-v1", "DrawTriangle-v1", "DrawSVG-v1")
-
-
-class ManiSkillDemoError(RuntimeError):
-    """A ManiSkill demonstration file or collection that cannot be used; the message says which and why."""
-
-
-@dataclass(frozen=True)
-class DroppedEpisode:
-    """An episode left out of a collection: its reset seed and why."""
-
-    seed: int | None
-    reason: str
 
 
 def _solver(task: str):
@@ -143,8 +147,6 @@ def convert_demos(h5: str | Path, *, control_mode: str = "pd_ee_delta_pose", obs
     # to the next episode); the child imports this very vla_rl, wherever it is run from.
     cmd = [sys.executable, "-m", "vla_rl.data.maniskill_replay", "--traj-path", str(h5),
            "-c", control_mode, "-o", obs_mode, "--save-traj", "-b", "physx_cpu"]
-    import vla_rl
-
     root = str(Path(vla_rl.__file__).resolve().parent.parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     log_path = h5.with_suffix(".replay.log")
@@ -160,168 +162,12 @@ def convert_demos(h5: str | Path, *, control_mode: str = "pd_ee_delta_pose", obs
     return out
 
 
-@dataclass(frozen=True)
-class ManiSkillTrajectoryInfo:
-    task: str
-    control_mode: str
-    obs_mode: str
-    episodes: list[dict]
-
-
-def read_trajectory_info(h5: str | Path) -> ManiSkillTrajectoryInfo:
-    """The ``.json`` ManiSkill writes beside a trajectory ``.h5``."""
-    path = Path(h5).with_suffix(".json")
-    if not path.is_file():
-        raise ManiSkillDemoError(f"{path} not found: ManiSkill writes it beside every trajectory .h5, and it "
-                                 "names the task and the control mode")
-    try:
-        meta = json.loads(path.read_text())
-        env_info = meta["env_info"]
-        kwargs = env_info.get("env_kwargs", {})
-        return ManiSkillTrajectoryInfo(task=env_info["env_id"], control_mode=kwargs.get("control_mode"),
-                                       obs_mode=kwargs.get("obs_mode"), episodes=list(meta["episodes"]))
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ManiSkillDemoError(f"{path} is not a ManiSkill trajectory description ({type(e).__name__}: {e})") \
-            from e
-
-
-def _leaves(group, prefix: str = "") -> list[tuple[str, np.ndarray]]:
-    """(path, array) of every dataset under ``group``, keys sorted at each level (the adapter's order)."""
-    import h5py
-
-    out = []
-    for key in sorted(group):
-        item = group[key]
-        if isinstance(item, h5py.Dataset):
-            out.append((prefix + key, np.asarray(item)))
-        else:
-            out += _leaves(item, f"{prefix}{key}/")
-    return out
-
-
-def _frames(obs, where: str) -> tuple[np.ndarray, np.ndarray]:
-    """(images ``[T+1, C, S, S, 3]`` uint8, state ``[T+1, D]`` float32) of one episode's observations,
-    laid out as :func:`vla_rl.envs.maniskill._convert_obs` lays out the live env's: ``state`` obs are the
-    flat vector; ``rgb`` obs give every camera's rgb, and every non-camera entry flattened in sorted key
-    order as the state."""
-    import h5py
-
-    if isinstance(obs, h5py.Dataset):
-        if obs.ndim != 2:
-            raise ManiSkillDemoError(f"{where}/obs is not a flat [T+1, D] state array")
-        state = np.asarray(obs, np.float32)
-        return np.zeros((len(state), 0, 1, 1, 3), np.uint8), state
-    if "sensor_data" not in obs:
-        raise ManiSkillDemoError(f"{where}/obs has no sensor_data (keys: {sorted(obs)})")
-    cams = [c for c in obs["sensor_data"] if "rgb" in obs["sensor_data"][c]]
-    if not cams:
-        raise ManiSkillDemoError(f"{where}/obs/sensor_data has no rgb camera")
-    images = np.stack([np.asarray(obs["sensor_data"][c]["rgb"], np.uint8) for c in cams], axis=1)
-    parts = [a.reshape(len(a), -1).astype(np.float32) for k in sorted(obs) if k not in ("sensor_data", "sensor_param")
-             for _, a in _leaves(obs[k])]
-    return images, np.concatenate(parts, axis=1)
-
-
-def kept_episodes(info: ManiSkillTrajectoryInfo, max_episodes: int | None = None) -> list[dict]:
-    """The ``.json`` entries of the episodes :func:`read_maniskill_h5` reads, in its order: the successful
-    ones, the first ``max_episodes`` of them."""
-    return [ep for ep in info.episodes if ep.get("success", True)][:max_episodes]
-
-
-def episode_seed(ep: dict) -> int | None:
-    """The reset seed a ``.json`` episode entry names (``reset_kwargs.seed``, else ``episode_seed``)."""
-    seed = (ep.get("reset_kwargs") or {}).get("seed", ep.get("episode_seed"))
-    if isinstance(seed, list):   # ManiSkill writes a list for batched resets; ours are single envs
-        seed = seed[0] if seed else None
-    return None if seed is None else int(seed)
-
-
-def _episode_frames(f, h5: Path, ep: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(images, state, actions) of one episode of an open trajectory file; raises :class:`ManiSkillDemoError`
-    naming the episode when it is missing, inconsistent or not finite."""
-    key = f"traj_{ep['episode_id']}"
-    if key not in f:
-        raise ManiSkillDemoError(f"{h5}: episode {key} is listed in the .json but missing")
-    img, obs = _frames(f[key]["obs"], f"{h5}: {key}")
-    act = np.asarray(f[key]["actions"], np.float32)
-    if len(obs) != len(act) + 1 or act.ndim != 2:
-        raise ManiSkillDemoError(f"{h5}: {key} has {len(obs)} observations for {len(act)} actions "
-                                 "(expected one more observation than actions)")
-    if not (np.isfinite(obs).all() and np.isfinite(act).all()):
-        raise ManiSkillDemoError(f"{h5}: {key} contains NaN or inf")
-    return img[:-1], obs[:-1], act
-
-
-def read_maniskill_episodes(
-        h5: str | Path, *, instruction: str | None = None, max_episodes: int | None = None,
-        drop_bad: bool = False) -> tuple[DemoDataset | None, list[int | None], list[DroppedEpisode]]:
-    """The successful episodes of a ManiSkill trajectory file (see :func:`read_maniskill_h5`), each episode's
-    reset seed, and the episodes left out. With ``drop_bad`` an episode whose frames are missing, inconsistent
-    or not finite is left out (with its seed and the reason) instead of failing the whole file; None when
-    no episode is left."""
-    import h5py
-
-    h5 = Path(h5)
-    info = read_trajectory_info(h5)
-    if info.obs_mode not in ("state", "rgb", None):
-        raise ManiSkillDemoError(f"{h5} has {info.obs_mode!r} observations; 'state' and 'rgb' are read "
-                                 "(convert with obs_mode='state' or 'rgb')")
-    text = instruction or default_instruction(info.task)
-    images, states, actions, ep_idx, fr_idx, seeds, dropped = [], [], [], [], [], [], []
-    try:
-        f = h5py.File(h5, "r")
-    except OSError as e:
-        raise ManiSkillDemoError(f"{h5} is not a readable HDF5 file ({e})") from e
-    with f:
-        for ep in kept_episodes(info, max_episodes):
-            try:
-                img, obs, act = _episode_frames(f, h5, ep)
-            except ManiSkillDemoError as e:
-                if not drop_bad:
-                    raise
-                dropped.append(DroppedEpisode(episode_seed(ep), str(e)))
-                continue
-            e = len(states)
-            images.append(img)
-            states.append(obs)
-            actions.append(act)
-            ep_idx.append(np.full(len(act), e))
-            fr_idx.append(np.arange(len(act)))
-            seeds.append(episode_seed(ep))
-    if not states:
-        return None, [], dropped
-    state = torch.from_numpy(np.concatenate(states))
-    m = state.shape[0]
-    data = DemoDataset(images=torch.from_numpy(np.concatenate(images)), state=state,
-                       action=torch.from_numpy(np.concatenate(actions)),
-                       episode_index=torch.from_numpy(np.concatenate(ep_idx)),
-                       frame_index=torch.from_numpy(np.concatenate(fr_idx)),
-                       task_index=torch.zeros(m, dtype=torch.long), tasks=[text])
-    return data, seeds, dropped
-
-
-def read_maniskill_h5(h5: str | Path, *, instruction: str | None = None,
-                      max_episodes: int | None = None) -> DemoDataset:
-    """A ManiSkill trajectory file as a :class:`DemoDataset`, instruction from the task id.
-
-    ``state`` observations give a state-only dataset (``images`` ``[M, 0, 1, 1, 3]``); ``rgb`` ones give
-    the cameras' images and the proprioception + task extras as the state, in the adapter's layout. Only
-    successful episodes are kept (all are, in files written by :func:`convert_demos`); an episode whose frames
-    are missing, inconsistent or not finite is an error."""
-    data, _, _ = read_maniskill_episodes(h5, instruction=instruction, max_episodes=max_episodes)
-    if data is None:
-        raise ManiSkillDemoError(f"{h5} holds no successful episodes")
-    return data
-
-
 def first_frame_check(data: DemoDataset, seeds: list[int | None], env_cfg) -> tuple[torch.Tensor, list, int]:
     """Each episode's first state as the live adapter (:class:`~vla_rl.envs.maniskill.ManiSkillSingleEnv` with
     ``env_cfg``) observes it after a reset with the episode's seed.
 
     Returns (``data.state`` with those first rows replaced, ``[(episode, seed, reason)]`` of the episodes whose
     recorded first frame is not that seed's, the number of episodes whose first frame changed)."""
-    from vla_rl.envs.maniskill import ManiSkillSingleEnv
-
     first_rows = (data.frame_index == 0).nonzero().flatten().tolist()   # episode order, as stored
     if len(first_rows) != len(seeds):
         raise ManiSkillDemoError(f"{len(first_rows)} episodes but {len(seeds)} seeds")
@@ -373,10 +219,6 @@ def refresh_dataset_first_frames(dataset: str | Path, out: str | Path, *, log=pr
     """Rewrite a dataset ``vla-rl collect maniskill`` wrote before :func:`reobserve_first_frames` existed
     into ``out``, from the ManiSkill file it names (info.json ``vla_rl.source``), first frames re-observed.
     State datasets only; the actions and every later frame must equal the dataset's, else an error."""
-    from vla_rl.config import from_dict
-    from vla_rl.data.lerobot import read_lerobot_dataset, read_lerobot_info, write_lerobot_dataset
-    from vla_rl.envs.maniskill import ManiSkillConfig
-
     info = read_lerobot_info(dataset)
     meta = info.get("vla_rl") or {}
     if meta.get("env") != "maniskill" or not meta.get("source") or not meta.get("env_config"):
@@ -406,8 +248,6 @@ def episode_limit(task: str, demo_lengths: list[int], given: int | None) -> int:
     registered limit, raised to 1.5 x the longest demo (rounded up to 10) where the planner's demos are
     longer than the limit (PushCube: limit 50, planner demos 64-74 steps) -- a policy that imitates them
     would otherwise time out by construction."""
-    from vla_rl.envs.maniskill import task_max_episode_steps
-
     if given is not None:
         return given
     longest = max(demo_lengths) if demo_lengths else 0
@@ -418,8 +258,6 @@ def demo_env_config(data: DemoDataset, *, task: str, control_mode: str, obs_mode
                     max_episode_steps: int | None = None):
     """The ``ManiSkillConfig`` a policy trained on ``data`` is evaluated / fine-tuned in: the demos' task,
     controller and observations (camera size: the demos' images), episode limit from :func:`episode_limit`."""
-    from vla_rl.envs.maniskill import ManiSkillConfig
-
     rgb = obs_mode == "rgb"
     lengths = torch.bincount(data.episode_index).tolist()
     return ManiSkillConfig(task=task, control_mode=control_mode, obs_mode="rgb" if rgb else "state",
@@ -465,9 +303,6 @@ def collect_maniskill(out: str | Path, *, task: str, episodes: int, seed: int = 
     reason; a conversion that fails as a whole drops that round's episodes only. Whatever good episodes there
     are at the end are written (fewer than asked for: said so); none at all is an error."""
     import h5py
-
-    from vla_rl.config import to_dict
-    from vla_rl.data.lerobot import write_lerobot_dataset
 
     max_tries = max_tries or 3 * episodes + 10
     out = Path(out)

@@ -14,6 +14,7 @@ Run as ``python -m vla_rl.data.maniskill_replay <replay_trajectory arguments>`` 
 from __future__ import annotations
 
 import functools
+import multiprocessing as mp
 import sys
 
 
@@ -39,8 +40,6 @@ def install() -> None:
 
 
 def main(argv: list[str]) -> None:
-    import multiprocessing as mp
-
     from mani_skill.trajectory import replay_trajectory
 
     install()

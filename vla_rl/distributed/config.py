@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from vla_rl.config import ConfigError, check_ranges, nonneg, positive, ranged
+from vla_rl.config import ConfigError, check_ranges, nonneg, positive, ranged, setting
 
 STRATEGIES = ("auto", "PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
@@ -16,40 +16,43 @@ class RayConfig:
     """Read only when ``runtime: ray``. The trainer process (the run's only loop) samples the rollouts itself,
     on ``device``: start it on the node whose GPU the policy should use."""
 
-    # None: start a private Ray instance on this machine for the run. "auto": join the cluster this machine
-    # belongs to (`ray start` ran here). "HOST:PORT": the cluster whose head listens there.
-    address: str | None = None
-    # A private instance only: the CPUs / GPUs it may hand out (None: the machine's).
-    num_cpus: int | None = positive(None)
+    address: str | None = setting(
+        None, doc='None: start a private Ray instance on this machine for the run. "auto": join the cluster this '
+                  'machine belongs to (`ray start` ran here). "HOST:PORT": the cluster whose head listens there.')
+    num_cpus: int | None = positive(
+        None, doc="A private instance only: the CPUs / GPUs it may hand out (None: the machine's).")
     num_gpus: int | None = nonneg(None)
-    # "colocated": env actors and learners share the trainer's node (and its GPUs, with fractional
-    # learner_gpus); "disaggregated": env actors spread over CPU nodes, learners packed on GPU nodes.
-    placement: Literal["colocated", "disaggregated"] = "colocated"
-    # Env actors run blocks of single envs (ManiSkill's CPU simulator, LIBERO, the built-in task's single env),
-    # `env.num_envs` split evenly over them. 0: the envs stay in the trainer process, as in a local run (the
-    # batched built-in task, ManiSkill's GPU simulator on the policy's device; worker envs in local processes).
-    env_actors: int = nonneg(0)
+    placement: Literal["colocated", "disaggregated"] = setting(
+        "colocated", doc="\"colocated\": env actors and learners share the trainer's node (and its GPUs, with "
+                         'fractional learner_gpus); "disaggregated": env actors spread over CPU nodes, learners '
+                         "packed on GPU nodes.")
+    env_actors: int = nonneg(
+        0, doc="Env actors run blocks of single envs (ManiSkill's CPU simulator, LIBERO, the built-in task's single "
+               "env), `env.num_envs` split evenly over them. 0: the envs stay in the trainer process, as in a local "
+               "run (the batched built-in task, ManiSkill's GPU simulator on the policy's device; worker envs in "
+               "local processes).")
     env_actor_cpus: float = positive(1.0)
     env_actor_gpus: float = nonneg(0.0)
-    # Data-parallel learners (torch.distributed: gloo on CPU, NCCL on GPU); each trains on its share of every
-    # minibatch. 0: the update runs in the trainer process, as in a local run.
-    learners: int = nonneg(1)
+    learners: int = nonneg(
+        1, doc="Data-parallel learners (torch.distributed: gloo on CPU, NCCL on GPU); each trains on its share of "
+               "every minibatch. 0: the update runs in the trainer process, as in a local run.")
     learner_cpus: float = positive(1.0)
     learner_gpus: float = nonneg(0.0)
-    # "fsdp": the learners shard every trained tensor (weights, gradients, Adam's moments) among themselves
-    # (FSDP2, vla_rl/distributed/fsdp.py) instead of each holding a replica; the same steps, 1/learners of the
-    # memory. Checkpoints stay whole (gathered), so they load anywhere.
-    sharding: Literal["none", "fsdp"] = "none"
-    # torch threads of a learner; None: its CPUs rounded down (at least 1)
-    learner_threads: int | None = positive(None)
-    # Placement group strategy of every group; auto: STRICT_PACK colocated, and disaggregated SPREAD for the env
-    # actors' group and PACK for the learners'.
-    strategy: Literal["auto", "PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "auto"
-    # auto: nccl when every learner holds whole GPUs, else gloo (NCCL refuses two ranks on one GPU, which
-    # fractional learner_gpus allow; gloo all-reduces CUDA tensors through the host).
-    backend: Literal["auto", "gloo", "nccl"] = "auto"
-    # Longest wait for the placement groups and actors to start, an env actor's reply, and a learner's update.
-    timeout_s: float = ranged(600.0, 1)
+    sharding: Literal["none", "fsdp"] = setting(
+        "none", doc="\"fsdp\": the learners shard every trained tensor (weights, gradients, Adam's moments) among "
+                    "themselves (FSDP2, vla_rl/distributed/fsdp.py) instead of each holding a replica; the same "
+                    "steps, 1/learners of the memory. Checkpoints stay whole (gathered), so they load anywhere.")
+    learner_threads: int | None = positive(
+        None, doc="torch threads of a learner; None: its CPUs rounded down (at least 1)")
+    strategy: Literal["auto", "PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = setting(
+        "auto", doc="Placement group strategy of every group; auto: STRICT_PACK colocated, and disaggregated SPREAD "
+                    "for the env actors' group and PACK for the learners'.")
+    backend: Literal["auto", "gloo", "nccl"] = setting(
+        "auto", doc="auto: nccl when every learner holds whole GPUs, else gloo (NCCL refuses two ranks on one GPU, "
+                    "which fractional learner_gpus allow; gloo all-reduces CUDA tensors through the host).")
+    timeout_s: float = ranged(
+        600.0, 1, doc="Longest wait for the placement groups and actors to start, an env actor's reply, and a "
+                      "learner's update.")
 
     def __post_init__(self):
         check_ranges(self)

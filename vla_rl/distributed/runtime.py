@@ -18,9 +18,12 @@ from pathlib import Path
 
 import torch
 
+import vla_rl
 from vla_rl.config import ConfigError
 from vla_rl.distributed.config import RayConfig
+from vla_rl.distributed.learners import RayLearners
 from vla_rl.env_factory import EnvConfig, single_env_factory
+from vla_rl.envs.ray_workers import RayVectorEnv
 
 
 class ClusterError(RuntimeError):
@@ -43,8 +46,6 @@ class LocalRuntime:
 def checkout_root() -> str | None:
     """The source checkout vla_rl is imported from (None for an installed wheel): Ray's workers must import
     the same code, so it goes on their PYTHONPATH."""
-    import vla_rl
-
     root = Path(vla_rl.__file__).resolve().parent.parent
     return str(root) if (root / "pyproject.toml").is_file() and (root / "envs").is_dir() else None
 
@@ -162,8 +163,6 @@ class RayRuntime:
     # ------------------------------------------------------------------------------------------------
     def make_env(self, cfg: EnvConfig, *, num_envs: int, device: torch.device, seed: int, log=None):
         """``num_envs`` envs of ``cfg`` over the env actors (with ``env_actors`` > 0: ``remote_envs``)."""
-        from vla_rl.envs.ray_workers import RayVectorEnv
-
         factory, name = single_env_factory(cfg, device)
         env = RayVectorEnv(factory, num_envs, num_actors=self.cfg.env_actors, seed=seed,
                            actor_options=lambda w: self.options("env", w), timeout=self.cfg.timeout_s,
@@ -176,8 +175,6 @@ class RayRuntime:
         """Learner replicas of ``local`` on Ray, or (``learners`` 0) ``local`` itself."""
         if self.cfg.learners == 0:
             return local
-        from vla_rl.distributed.learners import RayLearners
-
         cfg = self.cfg
         threads = cfg.learner_threads or max(1, int(cfg.learner_cpus))
         learners = RayLearners(local, count=cfg.learners, options=lambda r: self.options("learner", r),

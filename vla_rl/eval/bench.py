@@ -30,20 +30,28 @@ import re
 import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from vla_rl.checkpoint import read_yaml_file
-from vla_rl.config import ConfigError, check_ranges, from_dict, nonneg, positive, to_dict
+from vla_rl.checkpoint.folders import read_yaml_file
+from vla_rl.checkpoint.policy import load_any_policy  # ours, or a LeRobot π0 / π0.5 folder
+from vla_rl.config import ConfigError, check_ranges, from_dict, nonneg, positive, setting, to_dict
+from vla_rl.data.maniskill_demos import PLANNED_TASKS
 from vla_rl.env_factory import EnvConfig, make_env
+from vla_rl.envs.libero import SUITE_NUM_TASKS, LiberoConfig, episode_of, task_instruction
+from vla_rl.envs.libero_warp import LiberoWarpConfig
+from vla_rl.envs.video import VIEW_MIN_SECONDS, VIEW_MIN_SIZE, record_video
 from vla_rl.envs.worker_pool import WorkerError
 from vla_rl.eval.evaluate import checkpoint_env_config, evaluate_episodes
+from vla_rl.eval.libero import libero_env_config
 from vla_rl.eval.paired import paired_difference
-from vla_rl.rl.actor import Actor, SamplerConfig
-from vla_rl.threads import local_worker_processes, policy_threads, torch_threads
+from vla_rl.outputs import BENCH, check_output, clear_output
+from vla_rl.policies.actor import Actor, SamplerConfig
+from vla_rl.policies.inference import cast_weights
+from vla_rl.threads import local_worker_processes, policy_threads, threads_setting, torch_threads
 
 LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
 SUITE_SETS = {"libero_4": ("libero_spatial", "libero_object", "libero_goal", "libero_10")}
@@ -58,32 +66,39 @@ class BenchError(ValueError):
 class BenchConfig:
     """``vla-rl bench CHECKPOINT --suite S`` settings."""
 
-    suite: str = "libero_4"              # a LIBERO suite, libero_4, or maniskill:<list name | comma-separated ids>
-    tasks: list[int | str] | None = None  # a subset: LIBERO task ids, ManiSkill task ids
-    episodes: int | None = positive(None)  # per task; None: 50 (LIBERO's official count; ManiSkill too)
-    workers: int = positive(1)           # envs stepped together (worker processes for LIBERO / ManiSkill on CPU)
-    num_steps: int = positive(4)         # ODE denoising steps
-    execute: int | None = positive(None)  # actions run per chunk; None: the whole chunk
-    seed: int = nonneg(10_000)           # ManiSkill: reset seeds seed + k; both: the sampler's noise seeds
-    device: str = "cpu"
-    dtype: Literal["fp32", "bf16"] = "fp32"   # the policy's weights (docs/speed.md)
-    compile: Literal["none", "compile", "cudagraph"] = "none"   # how the denoising loop runs (docs/speed.md)
-    videos: int = nonneg(1)              # episodes recorded per task (one frame per chunk); 0: none
+    MOVED = {"num_steps": "sampler.num_steps"}
+
+    suite: str = setting("libero_4", doc="a LIBERO suite, libero_4 (the four the πRL paper averages), or "
+                                         "maniskill:<mp | comma-separated task ids>")
+    tasks: list[int | str] | None = setting(None, doc="a subset: LIBERO task ids, ManiSkill task ids")
+    episodes: int | None = positive(None, doc="per task; None: 50 (LIBERO's official count; ManiSkill too)")
+    workers: int = positive(1, doc="envs stepped together (worker processes for LIBERO / ManiSkill on CPU)")
+    sampler: SamplerConfig = setting(default_factory=SamplerConfig,
+                                     doc="the deterministic ODE sampler (method ode) and its denoising steps")
+    execute: int | None = positive(None, doc="actions run per chunk; None: the whole chunk")
+    seed: int = nonneg(10_000, doc="ManiSkill: reset seeds seed + k; both: the sampler's noise seeds")
+    device: str = setting("cpu", doc="cpu, cuda or cuda:<index>")
+    dtype: Literal["fp32", "bf16"] = setting("fp32", doc="the policy's weights (docs/speed.md)")
+    compile: Literal["none", "compile", "cudagraph"] = setting("none", doc="how the denoising loop runs "
+                                                                           "(docs/speed.md)")
+    videos: int = nonneg(1, doc="episodes recorded per task (one frame per chunk); 0: none")
     video_format: Literal["mp4", "gif"] = "mp4"
-    out: str = "runs/bench"
-    env: dict[str, Any] = field(default_factory=dict)  # simulator settings (LiberoConfig / ManiSkillConfig fields)
-    # LIBERO's simulator: "robosuite" (the official protocol's, CPU worker processes) or "warp" (env.kind
-    # libero_warp: the same tasks and init states batched on MuJoCo Warp on `device`; results are marked as such and
-    # are not the protocol's numbers). With "warp", env may also set LiberoWarpConfig's own fields.
-    backend: Literal["robosuite", "warp"] = "robosuite"
-    progress: bool = True
-    # torch threads of this process: "auto" = the cores idle at the start less one per env worker process (at
-    # least 1), or a number (1 when several jobs start together on one machine); see vla_rl.threads
-    threads: int | Literal["auto"] = positive("auto")
+    out: str = setting("runs/bench", doc="the bench folder (an interrupted bench resumes there)")
+    env: dict[str, Any] = setting(default_factory=dict,
+                                  doc="simulator settings (LiberoConfig / ManiSkillConfig fields)")
+    backend: Literal["robosuite", "warp"] = setting(
+        "robosuite", doc="LIBERO's simulator: robosuite (the official protocol's, CPU worker processes) or warp "
+                         "(env.kind libero_warp: the same tasks and init states batched on MuJoCo Warp on `device`; "
+                         "results are marked as such and are not the protocol's numbers; env may also set "
+                         "LiberoWarpConfig's own fields)")
+    progress: bool = setting(True, doc="report each task's episodes as they end")
+    threads: int | Literal["auto"] = threads_setting()
 
     def __post_init__(self):
         check_ranges(self)
         suite_names(self.suite)   # refuses an unknown suite before any work
+        if self.sampler.method != "ode":
+            raise ConfigError(f"sampler.method={self.sampler.method}: a bench runs the deterministic ODE sampler")
 
     @property
     def episodes_per_task(self) -> int:
@@ -95,8 +110,6 @@ def suite_names(suite: str) -> tuple[str, list[str]]:
     if suite.startswith("maniskill:"):
         spec = suite.split(":", 1)[1]
         if spec == "mp":
-            from vla_rl.data.maniskill_demos import PLANNED_TASKS
-
             return "maniskill", list(PLANNED_TASKS)
         ids = [s.strip() for s in spec.split(",") if s.strip()]
         if not ids:
@@ -138,19 +151,11 @@ def plan_tasks(checkpoint: str | Path, cfg: BenchConfig, model_cfg, policy_confi
     simulator, names = suite_names(cfg.suite)
     n = cfg.episodes_per_task
     if simulator == "libero":
-        from vla_rl.envs.libero import SUITE_NUM_TASKS
-        from vla_rl.eval.libero import libero_env_config
-
         train_env = None
         if (Path(checkpoint) / "train_config.yaml").is_file():
             train_env = read_yaml_file(Path(checkpoint) / "train_config.yaml").get("env")
         warp_only = {}
         if cfg.backend == "warp":
-            from dataclasses import fields
-
-            from vla_rl.envs.libero import LiberoConfig
-            from vla_rl.envs.libero_warp import LiberoWarpConfig
-
             shared = {f.name for f in fields(LiberoConfig)}
             warp_only = {k: v for k, v in cfg.env.items() if k not in shared
                          and k in {f.name for f in fields(LiberoWarpConfig)}}
@@ -186,9 +191,6 @@ def plan_tasks(checkpoint: str | Path, cfg: BenchConfig, model_cfg, policy_confi
 def _warp_config(lib, extra: dict):
     """The ``libero_warp`` config of a LIBERO protocol task: the same suite, task, init states, episode order, step
     limit, settle steps and observations, plus Warp's own settings ``extra``."""
-    from dataclasses import fields
-
-    from vla_rl.envs.libero_warp import LiberoWarpConfig
 
     names = {f.name for f in fields(LiberoWarpConfig)}
     shared = {f.name: getattr(lib, f.name) for f in fields(lib) if f.name in names}
@@ -223,7 +225,7 @@ def _write_json_atomic(path: Path, doc: dict) -> None:
 
 def _identity(cfg: BenchConfig, weights: str) -> dict:
     """What must match for an earlier task result to count in this bench (not the workers or the output)."""
-    ident = {"weights_sha256": weights, "num_steps": cfg.num_steps, "execute": cfg.execute, "seed": cfg.seed,
+    ident = {"weights_sha256": weights, "num_steps": cfg.sampler.num_steps, "execute": cfg.execute, "seed": cfg.seed,
              "episodes": cfg.episodes_per_task, "env": dict(cfg.env)}
     if cfg.dtype != "fp32":   # named only when not the default, so benches written before the option still match
         ident["dtype"] = cfg.dtype
@@ -240,8 +242,6 @@ def _last_line(text: str) -> str:
 
 def run_task(actor_for, task: BenchTask, cfg: BenchConfig, out: Path, log) -> dict:
     """Evaluate one task and return its result document (videos written under ``out/videos``)."""
-    from vla_rl.envs.video import VIEW_MIN_SECONDS, VIEW_MIN_SIZE, record_video
-
     num_envs = min(cfg.workers, task.episodes)
     try:
         env = make_env(task.env, num_envs=num_envs, device=torch.device(cfg.device), seed=task.seed)
@@ -260,14 +260,12 @@ def run_task(actor_for, task: BenchTask, cfg: BenchConfig, out: Path, log) -> di
 
         with torch_threads(policy_threads(cfg.threads, worker_processes=local_worker_processes([env]))):
             records = evaluate_episodes(actor, env, num_episodes=task.episodes,
-                                        sampler=SamplerConfig(cfg.num_steps, "ode"), execute=cfg.execute,
+                                        sampler=cfg.sampler, execute=cfg.execute,
                                         seed=task.seed, videos=cfg.videos, progress=progress)
     finally:
         env.close()
     instruction = ""
     if task.env.kind in ("libero", "libero_warp"):
-        from vla_rl.envs.libero import episode_of, task_instruction
-
         lib = task.env.task
         instruction = task_instruction(lib.suite, int(task.task))
         for r in records:   # which fixed initial state each episode was (libero_warp: one task, the same order)
@@ -292,13 +290,8 @@ def run_bench(checkpoint: str | Path, cfg: BenchConfig, *, command: list[str] | 
               overwrite: bool = False) -> dict:
     """Run (or resume) a bench of ``checkpoint`` into ``cfg.out``; returns the results document. ``overwrite``:
     start over in an ``out`` that holds an earlier bench (or other files; never another kind of data)."""
-    from vla_rl.outputs import BENCH, check_output, clear_output
-
     checkpoint = Path(checkpoint)
     check_output(cfg.out, overwrite=overwrite, kind=BENCH, reuse=True, inputs={"checkpoint": checkpoint})
-    from vla_rl.interop.lerobot import load_any_policy  # ours, or a LeRobot π0 / π0.5 folder
-    from vla_rl.policies.inference import cast_weights
-
     model, norm, policy_config = load_any_policy(checkpoint, device=cfg.device)
     cast_weights(model, cfg.dtype)
     tasks = plan_tasks(checkpoint, cfg, model.cfg, policy_config)
@@ -364,7 +357,12 @@ def equivalent_command(checkpoint: str | Path, cfg: BenchConfig) -> str:
         value = getattr(cfg, f.name)
         if f.name == "suite" or value == getattr(default, f.name):
             continue
-        items = value.items() if f.name == "env" else [(None, value)]
+        if f.name == "env":
+            items = value.items()
+        elif f.name == "sampler":   # the section's keys that differ from their defaults
+            items = [(k, v) for k, v in to_dict(value).items() if v != getattr(default.sampler, k)]
+        else:
+            items = [(None, value)]
         for key, v in items:
             text = v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
             words.append(f"{f.name}.{key}={text}" if key else f"{f.name}={text}")

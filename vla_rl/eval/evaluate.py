@@ -6,18 +6,25 @@ import contextlib
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from vla_rl.config import check_ranges, nonneg, positive, ranged, resolve_device
+from vla_rl.checkpoint.folders import read_yaml_file
+from vla_rl.checkpoint.lerobot_pi import is_lerobot_folder
+from vla_rl.checkpoint.policy import load_any_policy
+from vla_rl.checkpoint.training import checkpoint_dir, latest_checkpoint
+from vla_rl.config import check_ranges, from_dict, merge, nonneg, ranged, resolve_device, setting
 from vla_rl.env_factory import EnvConfig, env_identity, make_env
-from vla_rl.rl.actor import Actor, SamplerConfig
-from vla_rl.threads import local_worker_processes, policy_threads, torch_threads
-
-EPISODE_METRICS = ("success_once", "success_at_end", "return", "length")
+from vla_rl.envs.base import EPISODE_METRICS
+from vla_rl.envs.video import VIEW_MIN_SECONDS, VIEW_MIN_SIZE, VideoRecorder, record_video
+from vla_rl.outputs import EVAL_FILE, check_output
+from vla_rl.policies.actor import Actor, SamplerConfig
+from vla_rl.policies.inference import cast_weights
+from vla_rl.progress import progress
+from vla_rl.threads import local_worker_processes, policy_threads, threads_setting, torch_threads
 
 
 @torch.inference_mode()
@@ -91,8 +98,6 @@ def evaluate_episodes(actor: Actor, env, *, num_episodes: int, sampler: SamplerC
         round_seed, count = seed + r * n, min(n, num_episodes - r * n)
         recorder = None
         if r == 0 and videos > 0:
-            from vla_rl.envs.video import VideoRecorder
-
             recorder = VideoRecorder(env, range(min(videos, count)), fps=video_fps, first_episode_only=True)
         ep = first_episodes(actor, env, seed=round_seed, count=count, sampler=sampler, execute=execute,
                             generator=gen, recorder=recorder, on_episodes=ended)
@@ -133,8 +138,6 @@ def evaluate(actor: Actor, env, *, num_episodes: int, sampler: SamplerConfig | N
 def episode_progress(total: int, *, enabled: bool, desc: str = "eval"):
     """A ``progress(done, total)`` callback for :func:`evaluate_episodes` that moves a progress indicator
     (:func:`vla_rl.progress.progress`: a bar on a terminal, a line every few seconds in a log)."""
-    from vla_rl.progress import progress
-
     with progress(total=total, desc=desc, unit="episodes", enabled=enabled) as bar:
         yield lambda done, _total: bar.update(done - bar.n)
 
@@ -143,35 +146,31 @@ def episode_progress(total: int, *, enabled: bool, desc: str = "eval"):
 class EvalConfig:
     """``vla-rl eval`` settings; the env comes from the checkpoint unless ``env`` overrides fields."""
 
-    episodes: int = ranged(100, 1)
-    seed: int = nonneg(10_000)
-    num_steps: int = ranged(4, 1)
-    execute: int = ranged(8, 1)
-    num_envs: int = ranged(100, 1)
-    device: str = "cpu"
-    # Inference runtime (docs/speed.md): bf16 weights, and how the ODE sampler's loop runs (none, compile,
-    # cudagraph; a mode that cannot run here falls back to the eager loop with a warning).
-    dtype: Literal["fp32", "bf16"] = "fp32"
-    compile: Literal["none", "compile", "cudagraph"] = "none"
-    env: dict[str, Any] = field(default_factory=dict)  # fields of the checkpoint's env config to override
-    # The sampler: "ode" (deterministic given the initial noise; the default, as in training's evaluation
-    # by default) or the stochastic policy RL trained: method=sde (with noise_level, sde_mode) or method=noise.
-    # An RL update can improve the stochastic policy before its ODE counterpart (docs/notes.md).
-    method: Literal["ode", "sde", "noise"] = "ode"
-    noise_level: float = positive(SamplerConfig.noise_level)
-    sde_mode: Literal["all", "mixed"] = SamplerConfig.sde_mode
-    # A JSON file for the per-episode results (seed, env index, success, return, length) and the summary:
-    # `vla-rl compare` pairs two such files episode by episode.
-    out: str | None = None
-    # Videos of the first `videos` episodes (one frame per chunk; camera images, or a rendering for state-only
-    # envs), named by episode seed and outcome, into `video_dir` (default: beside `out`, else runs/eval_videos).
-    videos: int = nonneg(0)
-    video_dir: str | None = None
+    MOVED = {k: f"sampler.{k}" for k in ("num_steps", "method", "noise_level", "sde_mode")}
+
+    episodes: int = ranged(100, 1, doc="episodes to evaluate (each env's first episode counts)")
+    seed: int = nonneg(10_000, doc="reset seed of the first round (round r: seed + r x num_envs)")
+    sampler: SamplerConfig = setting(
+        default_factory=SamplerConfig,
+        doc="how chunks are drawn: the deterministic ODE sampler by default, or the stochastic policy RL trained "
+            "(method=sde or noise), which an RL update can improve before its ODE counterpart (docs/notes.md)")
+    execute: int = ranged(8, 1, doc="actions executed of each chunk")
+    num_envs: int = ranged(100, 1, doc="envs stepped together (at most episodes)")
+    device: str = setting("cpu", doc="cpu, cuda or cuda:<index>")
+    dtype: Literal["fp32", "bf16"] = setting("fp32", doc="the policy's weights (docs/speed.md)")
+    compile: Literal["none", "compile", "cudagraph"] = setting(
+        "none", doc="how the ODE sampler's loop runs; a mode that cannot run here falls back to the eager loop with "
+                    "a warning (docs/speed.md)")
+    env: dict[str, Any] = setting(default_factory=dict, doc="fields of the checkpoint's env config to override")
+    out: str | None = setting(
+        None, doc="a JSON file for the per-episode results (seeds, env index, success, return, length) and the "
+                  "summary; `vla-rl compare` pairs two such files episode by episode")
+    videos: int = nonneg(0, doc="videos of the first `videos` episodes (one frame per chunk; camera images, or a "
+                               "rendering for state-only envs), named by episode seed and outcome")
+    video_dir: str | None = setting(None, doc="where videos go (default: beside out, else runs/eval_videos)")
     video_format: Literal["mp4", "gif"] = "mp4"
-    progress: bool = True
-    # torch threads of this process: "auto" = the cores idle at the start less one per env worker process (at
-    # least 1), or a number (1 when several jobs start together on one machine); see vla_rl.threads
-    threads: int | Literal["auto"] = ranged("auto", 1)
+    progress: bool = setting(True, doc="show the episodes done")
+    threads: int | Literal["auto"] = threads_setting()
 
     def __post_init__(self):
         check_ranges(self)
@@ -182,9 +181,6 @@ def open_checkpoint(path: str | Path, *, env_config, num_envs: int, device: torc
     """A policy or training checkpoint folder's policy as an :class:`Actor` on ``device`` (weights in ``dtype``,
     the denoising loop run as ``compile`` says), and ``num_envs`` of the env ``env_config`` (an
     :class:`~vla_rl.env_factory.EnvConfig`, usually :func:`checkpoint_env_config` of the same folder)."""
-    from vla_rl.interop.lerobot import load_any_policy
-    from vla_rl.policies.inference import cast_weights
-
     model, norm, _ = load_any_policy(Path(path))
     env = make_env(env_config, num_envs=num_envs, device=device, seed=seed)
     try:
@@ -198,10 +194,6 @@ def open_checkpoint(path: str | Path, *, env_config, num_envs: int, device: torc
 def checkpoint_env_config(path: str | Path, env_overrides: dict):
     """The env a checkpoint folder was made for: a training checkpoint's ``train_config.yaml``, else the one
     an SFT policy was trained for (its saved config), with ``env_overrides`` on top."""
-    from vla_rl.checkpoint import read_yaml_file
-    from vla_rl.config import from_dict, merge
-    from vla_rl.interop.lerobot import is_lerobot_folder
-
     path = Path(path)
     if (path / "train_config.yaml").is_file():
         env_dict = read_yaml_file(path / "train_config.yaml").get("env", {})
@@ -215,8 +207,6 @@ def checkpoint_env_config(path: str | Path, env_overrides: dict):
 def resolve_checkpoint(path: str | Path, log=print) -> Path:
     """``path`` itself if it is a policy or training checkpoint folder; for a training run folder, its newest
     intact checkpoint (said through ``log``)."""
-    from vla_rl.rl.state import checkpoint_dir, latest_checkpoint
-
     path = Path(path)
     if path.is_dir() and not (path / "model.safetensors").is_file() and checkpoint_dir(path).is_dir():
         ckpt = latest_checkpoint(path, log=log)
@@ -228,11 +218,8 @@ def resolve_checkpoint(path: str | Path, log=print) -> Path:
 def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, *, overwrite: bool = False,
                         log=print) -> dict[str, float]:
     """Evaluate a policy or training checkpoint folder, or a run folder's newest checkpoint (the ODE sampler
-    unless ``method`` says otherwise); with ``out`` set, also write the per-episode results there
+    unless ``sampler.method`` says otherwise); with ``out`` set, also write the per-episode results there
     (:func:`write_episode_file`; an existing file is refused before any work unless ``overwrite``)."""
-    from vla_rl.config import from_dict
-    from vla_rl.outputs import EVAL_FILE, check_output
-
     cfg = from_dict(EvalConfig, dict(overrides or {}))
     if cfg.out:
         check_output(cfg.out, overwrite=overwrite, kind=EVAL_FILE, inputs={"checkpoint": path})
@@ -244,16 +231,13 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, *, over
                                  seed=cfg.seed, dtype=cfg.dtype, compile=cfg.compile)
 
     try:
-        sampler = SamplerConfig(cfg.num_steps, cfg.method, noise_level=cfg.noise_level, sde_mode=cfg.sde_mode)
         threads = policy_threads(cfg.threads, worker_processes=local_worker_processes([env]))
         with torch_threads(threads), episode_progress(cfg.episodes, enabled=cfg.progress) as report:
-            records = evaluate_episodes(actor, env, num_episodes=cfg.episodes, sampler=sampler,
+            records = evaluate_episodes(actor, env, num_episodes=cfg.episodes, sampler=cfg.sampler,
                                         execute=cfg.execute, seed=cfg.seed, videos=cfg.videos, progress=report)
     finally:
         env.close()
     if cfg.videos:
-        from vla_rl.envs.video import VIEW_MIN_SECONDS, VIEW_MIN_SIZE, record_video
-
         video_dir = Path(cfg.video_dir or (Path(cfg.out).with_suffix("") if cfg.out else "runs/eval_videos"))
         for r in records:
             frames = r.pop("frames", None)

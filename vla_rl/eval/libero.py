@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from vla_rl.checkpoint import CheckpointError
+from vla_rl.checkpoint.folders import CheckpointError
 from vla_rl.config import ConfigError, from_dict
 from vla_rl.env_factory import EnvConfig
 from vla_rl.envs.libero import ACTION_DIM, STATE_DIM, LiberoConfig

@@ -20,7 +20,8 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from vla_rl.eval.evaluate import EPISODE_FILE_FORMAT, EPISODE_METRICS
+from vla_rl.envs.base import EPISODE_METRICS
+from vla_rl.eval.evaluate import EPISODE_FILE_FORMAT
 
 
 class EpisodeFileError(ValueError):

@@ -17,6 +17,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from vla_rl.outputs import REPORT, check_output
+
 SUCCESS = "eval/success_once"
 DIAGNOSTICS = (  # (metric, title) of the diagnostics figure, in panel order
     ("rollout/success_once", "rollout success"),
@@ -209,8 +211,6 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path, *, names: list
     """Plot ``run_dirs`` and write ``report.md`` (the summary table and the figures) into ``out_dir``;
     returns its path and the summary table. ``out_dir`` may hold an earlier report (its files are replaced);
     other files there need ``overwrite``, and another kind of data is refused (:mod:`vla_rl.outputs`)."""
-    from vla_rl.outputs import REPORT, check_output
-
     if not run_dirs:
         raise ReportError("give at least one run folder")
     check_output(out_dir, overwrite=overwrite, kind=REPORT, reuse=True, elsewhere="another --out",

@@ -21,6 +21,10 @@ import contextlib
 import numpy as np
 import torch
 
+from vla_rl.envs.bddl_predicates import GoalEvaluator, goal_spec
+from vla_rl.envs.libero import NOOP
+from vla_rl.envs.osc import clip_torques, osc_torques
+
 
 # ------------------------------------------------------------------------------------------------ controller
 @contextlib.contextmanager
@@ -57,7 +61,6 @@ def warp_torques(worlds, records: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     """``(ours, robosuite's)`` ``[R, J]``: clipped OSC torques on each record's state, ours computed from Warp's
     kinematics / inertia / bias forces (one world per record, ``worlds.n`` == ``len(records)``) with the record's
     goals, robosuite's as it applied them."""
-    from vla_rl.envs.osc import clip_torques, osc_torques
 
     n = len(records)
     if worlds.n != n:
@@ -88,8 +91,6 @@ def goal_states(single, task_id: int, init_state_id: int = 0, *, settle_steps: i
     """Flattened MuJoCo states ``[1 + nq + nv]`` of ``task_id`` where its goal may or may not hold: the episode
     start, then every ``record_every`` no-op steps while the goal's objects, put on / in their targets (or the
     articulation past its threshold), settle under robosuite's physics for ``settle_steps`` steps."""
-    from vla_rl.envs.bddl_predicates import goal_spec
-    from vla_rl.envs.libero import NOOP
 
     single.reset_to(task_id, init_state_id)
     env = single._env
@@ -129,7 +130,6 @@ def libero_atoms(single, task_id: int, states: list[np.ndarray], fixture_init_id
     (fixtures: those of the episode start ``fixture_init_id``): ``[len(states), K]`` bool. With ``goal`` (a
     :class:`~vla_rl.envs.bddl_predicates.GoalSpec`), also the batched predicates fed with the same MuJoCo data
     (positions, orientations, joint positions and contacts of the float64 simulation), else None."""
-    from vla_rl.envs.bddl_predicates import GoalEvaluator
 
     single.reset_to(task_id, fixture_init_id)
     env = single._env
@@ -173,7 +173,6 @@ def warp_settled_atoms(worlds, states: list[np.ndarray], start_index: int = 0) -
     ``worlds.success_substeps`` physics substeps, Warp's atoms (``warp``) and that substep's state (``qpos``,
     ``qvel``) for LIBERO to judge, and the env's success of that action (``success``: the goal held after one of
     them). Arrays ``[k, n, ...]`` over the recorded substeps (``success`` ``[n]``)."""
-    from vla_rl.envs.libero import NOOP
 
     n, dev = len(states), worlds.device
     warp_atoms(worlds, states, start_index)   # loads the states (and runs a forward pass)
@@ -303,7 +302,6 @@ class PickPlaceExpert:
 
 def expert_episodes_cpu(single, task_id: int, init_ids: list[int], max_steps: int) -> list[dict]:
     """:class:`PickPlaceExpert` in the CPU adapter, one episode per init state: success and its step."""
-    from vla_rl.envs.bddl_predicates import goal_spec
 
     out = []
     for i in init_ids:
@@ -327,7 +325,6 @@ def expert_episodes_cpu(single, task_id: int, init_ids: list[int], max_steps: in
 def expert_actions_cpu(single, task_id: int, init_id: int, max_steps: int) -> np.ndarray:
     """The actions ``[T, 7]`` :class:`PickPlaceExpert` takes in the CPU adapter's episode (up to its success):
     an action sequence with grasps and carried objects, for comparing contact-rich trajectories open loop."""
-    from vla_rl.envs.bddl_predicates import goal_spec
 
     single.reset_to(task_id, init_id)
     env = single._env

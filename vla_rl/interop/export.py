@@ -23,15 +23,12 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from vla_rl.checkpoint import (
-    FORMAT_VERSION,
-    CheckpointError,
-    adapter_scaling,
-    atomic_folder,
-    read_tensors,
-    read_yaml_file,
-)
-from vla_rl.config import ConfigError, merge
+from vla_rl.checkpoint.folders import FORMAT_VERSION, CheckpointError, atomic_folder, read_tensors, read_yaml_file
+from vla_rl.checkpoint.policy import adapter_scaling
+from vla_rl.checkpoint.training import list_checkpoints
+from vla_rl.config import ConfigError, from_dict, merge, to_dict
+from vla_rl.env_factory import EnvConfig
+from vla_rl.outputs import EXPORT, check_output
 from vla_rl.policies import lora
 from vla_rl.policies.config import PolicyConfig
 from vla_rl.policies.exported import (
@@ -43,7 +40,6 @@ from vla_rl.policies.exported import (
 )
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats
-from vla_rl.policies.schema import SchemaError, build, to_plain
 
 DEFAULT_NUM_STEPS = 10   # π0's K, for a source that does not record its own
 
@@ -58,8 +54,6 @@ def resolve_source(src: str | Path) -> Path:
         best = path / "checkpoints" / "best"
         if (best / "config.yaml").is_file():
             return best
-        from vla_rl.rl.state import list_checkpoints
-
         # Export needs the policy files only (a resume point also needs the optimizer and RNG state).
         policies = [c for c in list_checkpoints(path) if (c / "config.yaml").is_file()
                     and (c / "model.safetensors").is_file()]
@@ -98,9 +92,6 @@ def describe_env(env: dict, *, state_dim: int, action_dim: int, num_cameras: int
                 "cameras": _generic_cameras(num_cameras, image_size, camera_names),
                 "notes": "The source did not record its robot: actions are not clipped; set names, units and bounds "
                          "with key=value overrides at export."}
-    from vla_rl.config import from_dict, to_dict
-    from vla_rl.env_factory import EnvConfig
-
     task = from_dict(EnvConfig, env, prefix="env").task
     section = to_dict(task)
     if kind == "builtin":
@@ -155,7 +146,7 @@ def spec_defaults(folder: Path, cfg: PolicyConfig, norm: NormStats, config: dict
     sampler = _section(train, "sampler")
     state_dim, action_dim = norm.state.mean.shape[0], norm.action.mean.shape[0]
     execute = train.get("execute", sft.get("execute", demo.get("execute", cfg.action_horizon)))
-    num_steps = sampler.get("num_steps", sft.get("num_steps", demo.get("num_steps")))
+    num_steps = next((k for k in (sampler.get("num_steps"), _num_steps(sft), _num_steps(demo)) if k is not None), None)
     unknown = [] if num_steps is not None else ["num_steps"]
     out_fields = {"state_dim": state_dim, "action_dim": action_dim, "action_horizon": cfg.action_horizon,
                   "execute": min(int(execute), cfg.action_horizon),
@@ -171,6 +162,12 @@ def spec_defaults(folder: Path, cfg: PolicyConfig, norm: NormStats, config: dict
     if (folder / "trainer_state.yaml").is_file():
         source["iteration"] = read_yaml_file(folder / "trainer_state.yaml").get("iteration")
     return {**out_fields, **described, "source": source}
+
+
+def _num_steps(job: dict) -> int | None:
+    """The K an SFT or demo config recorded: ``sampler.num_steps``, or ``num_steps`` in folders written before the
+    sampler section."""
+    return _section(job, "sampler").get("num_steps", job.get("num_steps"))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -243,8 +240,6 @@ def export_policy(src: str | Path, out: str | Path, *, dtype: str = "bf16", over
     that holds anything is refused before any work unless ``overwrite`` (an earlier export, or files of no known
     kind: replaced only once the new folder is complete); another kind of data (a run, a dataset ...) and an
     ``out`` inside the source are refused whatever (:mod:`vla_rl.outputs`). ``overrides``: ExportSpec fields."""
-    from vla_rl.outputs import EXPORT, check_output
-
     if dtype not in WEIGHT_DTYPES:
         raise ConfigError(f"dtype must be one of {list(WEIGHT_DTYPES)}, got {dtype!r}")
     folder = resolve_source(src)
@@ -255,24 +250,24 @@ def export_policy(src: str | Path, out: str | Path, *, dtype: str = "bf16", over
     if config.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{folder}: unsupported checkpoint format_version {config.get('format_version')!r}")
     try:
-        cfg = build(PolicyConfig, config.get("policy", {}), prefix="policy")
+        cfg = from_dict(PolicyConfig, config.get("policy", {}), prefix="policy")
         normalization = config["normalization"]
         mode, hidden = normalization["mode"], list(normalization.get("hidden_state_dims") or [])
         norm = NormStats.from_tensors(read_tensors(folder / "norm_stats.safetensors"), mode, tuple(hidden))
-    except (SchemaError, KeyError, TypeError, ValueError) as e:
+    except (ConfigError, KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{folder}/config.yaml: {e}") from None
     try:
         defaults = spec_defaults(folder, cfg, norm, config, out)
         defaults["source"]["unknown"] = [k for k in defaults["source"]["unknown"] if k not in (overrides or {})]
-        spec = build(ExportSpec, merge(defaults, overrides or {}), prefix="spec")
+        spec = from_dict(ExportSpec, merge(defaults, overrides or {}), prefix="spec")
         check_consistency(cfg, spec, norm)
-    except (SchemaError, ExportError) as e:
+    except (ConfigError, ExportError) as e:
         raise ConfigError(str(e)) from None
     adapters = None
     if config.get("lora") is not None:   # a LoRA run's checkpoint: the adapters are merged into the export
         adapters = (read_tensors(folder / "adapters.safetensors"), adapter_scaling(folder, config))
     weights = _read_weights(folder / "model.safetensors", cfg, dtype, adapters)
-    policy = to_plain(cfg)
+    policy = to_dict(cfg)
     files = tokenizer_files(folder, config.get("policy", {}))
     with atomic_folder(out) as tmp:
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": EXPORT_FORMAT, "dtype": dtype})
@@ -280,7 +275,7 @@ def export_policy(src: str | Path, out: str | Path, *, dtype: str = "bf16", over
         (tmp / "config.json").write_text(json.dumps(
             {"format": EXPORT_FORMAT, "dtype": dtype, "policy": policy,
              "normalization": {"mode": norm.mode, "hidden_state_dims": list(norm.hidden_state)}}, indent=1))
-        (tmp / "spec.json").write_text(json.dumps(to_plain(spec), indent=1))
+        (tmp / "spec.json").write_text(json.dumps(to_dict(spec), indent=1))
         for name in files:
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(folder / name, tmp / name)

@@ -34,14 +34,14 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http import HTTPStatus
 from typing import Literal
 
 import torch
 
 from vla_rl.config import ConfigError, check_ranges, positive, ranged, resolve_device
-from vla_rl.policies.exported import ExportedPolicy, ObservationError
+from vla_rl.policies.exported import ExportedPolicy, ObservationError, load_exported
 
 from .wire import WireError, pack, unpack
 
@@ -238,12 +238,8 @@ class ServerThread:
 
 def run_server(path: str, cfg: ServeConfig) -> int:
     """``vla-rl serve``: load the export at ``path`` and serve it until SIGINT / SIGTERM (then exit 0)."""
-    from vla_rl.policies.exported import load_exported
-
     token = cfg.token if cfg.token is not None else os.environ.get(TOKEN_ENV) or None
     if token != cfg.token:
-        from dataclasses import replace
-
         cfg = replace(cfg, token=token)
     device = resolve_device(cfg.device)   # `--device cuda` without CUDA: a config error, as for training
     policy = load_exported(path, device=device, dtype=cfg.dtype, compile=cfg.compile)

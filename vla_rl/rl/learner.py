@@ -18,12 +18,12 @@ from torch import Tensor
 
 from vla_rl.config import ConfigError, check_ranges, fraction, nonneg, positive, ranged
 from vla_rl.policies import flow
+from vla_rl.policies.actor import Actor
 from vla_rl.policies.inference import cast_weights
 from vla_rl.policies.lora import LoRAConfig, apply_lora, frozen_by_lora
 from vla_rl.policies.recompute import activation_checkpointing
 from vla_rl.rl import advantages as adv_lib
 from vla_rl.rl import losses
-from vla_rl.rl.actor import Actor
 from vla_rl.rl.losses import LogProbConfig, aggregate_log_prob
 from vla_rl.rl.optim import make_optimizer
 from vla_rl.rl.rollout import Rollout
@@ -32,7 +32,8 @@ from vla_rl.rl.rollout import Rollout
 @dataclass(frozen=True)
 class PPOConfig:
     # "ppo": GAE advantages from the critic; "grpo": group-normalised returns of each env's first episode,
-    # groups of `group_size` envs sharing an initial state (the env is reset with group_size).
+    # groups of `group_size` envs sharing an initial state (the run resets the env with group_size and the rollout
+    # records it).
     algorithm: Literal["ppo", "grpo"] = "ppo"
     group_size: int = ranged(8, 2)
     grpo_filter: bool = True
@@ -158,7 +159,7 @@ class Learner:
                                gamma=cfg.gamma, lam=cfg.lam)
         mask = torch.ones_like(adv, dtype=torch.bool)
         if cfg.algorithm == "grpo":
-            adv, mask = grpo_chunk_advantages(ro, group_size=cfg.group_size, filter_degenerate=cfg.grpo_filter)
+            adv, mask = grpo_chunk_advantages(ro, group_size=ro.group_size, filter_degenerate=cfg.grpo_filter)
         elif cfg.normalize_advantages:
             adv = adv_lib.normalize(adv, ro.valid)
         if ro.valid is not None:   # chunks of episodes lost to a dead env worker take no part
@@ -266,7 +267,7 @@ class Learner:
         cfg, model = self.cfg, self.actor.model
         # The prefix's final hidden states feed only a prefix-sourced value head: without one, the last prefix
         # layer computes its keys and values alone (its attention output and MLP would reach no loss).
-        prefix = model.encode_prefix(obs, hidden=model.cfg.value_source == "prefix")
+        prefix = self.actor.prefix(obs, hidden=model.cfg.value_source == "prefix")
         value = model.value(prefix)
         v_loss, metrics = losses.value_loss(values=value, old_values=old_v, returns=ret, clip=cfg.value_clip,
                                             huber_delta=cfg.huber_delta)
@@ -281,8 +282,7 @@ class Learner:
             metrics.update(pm)
             loss = loss + pg
             if cfg.entropy_coef:
-                ent = flow.aggregate(re.entropy, stoch, steps="mean", actions="mean", dims="mean",
-                                     executed=ro.execute, dim_mask=self.actor.dim_mask).mean()
+                ent = flow.mean_entropy(re.entropy, stoch, executed=ro.execute, dim_mask=self.actor.dim_mask).mean()
                 loss = loss - cfg.entropy_coef * ent
                 metrics["losses/entropy"] = float(ent)
         metrics["losses/total"] = float(loss.detach())

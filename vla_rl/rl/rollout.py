@@ -1,7 +1,8 @@
 """Rollout collection: the policy samples action chunks, the env executes them, and everything PPO
-needs is stored on the policy's device, with how it was sampled (the sampler, the executed actions per chunk)
-so the learner reads that from the rollout. The per-element log-densities are stored as sampled; how they
-become a chunk's log-prob is the loss's choice (:func:`vla_rl.rl.losses.aggregate_log_prob`).
+needs is stored on the policy's device, with how it was sampled (the sampler, the executed actions per chunk,
+the GRPO group size) so the learner reads that from the rollout. The per-element log-densities are stored as
+sampled; how they become a chunk's log-prob is the loss's choice (:func:`vla_rl.rl.losses.aggregate_log_prob`).
+The policy is reached through its :class:`~vla_rl.policies.actor.Actor` alone.
 
 Glossary: T chunk steps, N envs, K denoising steps, H actions per chunk, A model action dims.
 """
@@ -13,8 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from vla_rl.policies import flow
-from vla_rl.rl.actor import Actor, SamplerConfig
+from vla_rl.policies.actor import Actor, SamplerConfig
 
 
 def first_episode_mask(env_index: list[int]) -> list[bool]:
@@ -40,7 +40,7 @@ def first_episode_mask(env_index: list[int]) -> list[bool]:
 class Rollout:
     """``[T, N, ...]`` tensors of one rollout, plus the episodes that ended during it."""
 
-    obs: dict[str, Tensor]       # model inputs: images, state (normalised, padded), tokens, token_mask
+    obs: dict[str, Tensor]       # prepared model inputs: images, image_mask, state (normalised, padded), tokens, ...
     chain: Tensor                # [T, N, K+1, H, A]
     stochastic: Tensor           # [T, N, K]
     log_probs: Tensor            # [T, N, K, H, A] per-element log-densities of the chain's steps, as sampled
@@ -54,6 +54,7 @@ class Rollout:
     last_values: Tensor          # [N]     V(obs after the last chunk)
     sampler: SamplerConfig       # how the chunks were drawn (method, noise level, K)
     execute: int                 # actions executed of each chunk (the rest never reached the env)
+    group_size: int = 1          # envs per group sharing an initial state (GRPO), as the env was reset
     episodes: dict[str, list] = field(default_factory=dict)
     env_steps: int = 0
     # [T, N] bool, False on the chunks of episodes lost to a dead env worker (dropped from the update);
@@ -65,15 +66,33 @@ class Rollout:
     def num_samples(self) -> int:
         return self.values.numel()
 
-
-def _model_inputs(actor: Actor, obs: dict) -> dict[str, Tensor]:
-    prepared = actor.model.prepare(actor.model_obs(obs))
-    return {k: prepared[k] for k in ("images", "state", "tokens", "token_mask")}
+    def metrics(self) -> dict[str, float]:
+        """The ``rollout/*`` metrics: over the episodes that ended (success, return, length; and over each env's
+        first episode, :func:`first_episode_mask`), the mean chunk reward, the sampler's mean step entropy (how much
+        the stochastic policy still explores), and the episodes lost to dead env workers."""
+        m: dict[str, float] = {}
+        eps = self.episodes
+        if eps.get("success_once"):
+            k = len(eps["success_once"])
+            m["rollout/success_once"] = sum(eps["success_once"]) / k
+            m["rollout/return"] = sum(eps["return"]) / k
+            m["rollout/episode_length"] = sum(eps["length"]) / k
+            m["rollout/episodes"] = k
+            first = [s for s, f in zip(eps["success_once"], first_episode_mask(eps["env_index"])) if f]
+            m["rollout/success_first"] = sum(first) / len(first)
+            m["rollout/first_episodes"] = len(first)
+        m["rollout/chunk_reward"] = float(self.rewards.mean())
+        m["rollout/entropy"] = float(self.entropy.mean())
+        if self.lost_episodes:
+            m["rollout/lost_episodes"] = self.lost_episodes
+        return m
 
 
 def collect_rollout(actor: Actor, env, obs: dict, *, num_chunks: int, sampler: SamplerConfig, execute: int,
-                    generator: torch.Generator | None = None, groups: int = 1) -> tuple[Rollout, dict]:
-    """Run ``num_chunks`` chunk steps from ``obs``; returns the rollout and the next observation.
+                    generator: torch.Generator | None = None, groups: int = 1,
+                    group_size: int = 1) -> tuple[Rollout, dict]:
+    """Run ``num_chunks`` chunk steps from ``obs``; returns the rollout and the next observation. ``group_size``:
+    the envs per group sharing an initial state, as ``env`` was reset (GRPO), recorded in the rollout.
 
     ``groups`` > 1 (an env with ``step_groups``: worker processes or Ray env actors) overlaps sampling with
     simulation: the envs are split into that many groups of whole workers, stepped in alternation, and the
@@ -88,7 +107,7 @@ def collect_rollout(actor: Actor, env, obs: dict, *, num_chunks: int, sampler: S
     """
     with torch.inference_mode():
         rollout, obs = _collect(actor, env, obs, num_chunks=num_chunks, sampler=sampler, execute=execute,
-                                generator=generator, groups=groups)
+                                generator=generator, groups=groups, group_size=group_size)
     plain = lambda x: x.clone() if torch.is_tensor(x) else x  # noqa: E731
     rollout = Rollout(**{k: ({kk: plain(vv) for kk, vv in v.items()} if k == "obs" else plain(v))
                          for k, v in vars(rollout).items()})
@@ -118,13 +137,11 @@ def _join_rows(parts: list[dict]) -> dict:
 
 _STORED = ("chain", "stochastic", "log_probs", "entropy", "values", "rewards", "terminated", "truncated", "success",
            "final_values")
-_INPUTS = ("images", "state", "tokens", "token_mask")
 
 
 def _collect(actor: Actor, env, obs: dict, *, num_chunks: int, sampler: SamplerConfig, execute: int,
-             generator: torch.Generator | None, groups: int) -> tuple[Rollout, dict]:
-    model, dim_mask = actor.model, actor.dim_mask
-    n, device = env.num_envs, model.device
+             generator: torch.Generator | None, groups: int, group_size: int) -> tuple[Rollout, dict]:
+    n, device = env.num_envs, actor.device
     rows = step_groups(env, groups)
     parts: list[list[dict]] = [[{} for _ in rows] for _ in range(num_chunks)]   # [t][g]: group g's chunk t
     group_obs = [obs] if len(rows) == 1 else [_take_rows(obs, r) for r in rows]
@@ -137,14 +154,10 @@ def _collect(actor: Actor, env, obs: dict, *, num_chunks: int, sampler: SamplerC
 
     def start(t: int, g: int, draws) -> None:
         """Sample group g's chunk t and start it on the env."""
-        inputs = _model_inputs(actor, group_obs[g])
-        prefix = model.encode_prefix(inputs)
-        act = actor.act(group_obs[g], sampler, prefix=prefix, draws=draws.rows(rows[g]))
-        s = act.sample
-        parts[t][g].update(inputs=inputs, chain=s.chain, stochastic=s.stochastic, log_probs=s.log_probs,
-                           entropy=flow.aggregate(s.entropy, s.stochastic, steps="mean", actions="mean",
-                                                  dims="mean", executed=execute, dim_mask=dim_mask),
-                           values=model.value(prefix))
+        seen = actor.observe(group_obs[g])
+        act = actor.act(seen, sampler, draws=draws.rows(rows[g]), execute=execute)
+        parts[t][g].update(inputs=seen.inputs, chain=act.chain, stochastic=act.stochastic, log_probs=act.log_probs,
+                           entropy=act.entropy, values=act.value)
         if len(rows) == 1:
             stepped[g] = env.step(act.actions[:, :execute])
         else:
@@ -159,7 +172,7 @@ def _collect(actor: Actor, env, obs: dict, *, num_chunks: int, sampler: SamplerC
         final_values = torch.zeros_like(rec["values"])
         if out.final_obs is not None and bool(out.truncated.any()):
             trunc = out.truncated.to(device)
-            v_final = model.value(model.encode_prefix(_model_inputs(actor, out.final_obs)))
+            v_final = actor.value(actor.observe(out.final_obs))
             final_values = torch.where(trunc, v_final, final_values)
         rec.update(rewards=out.rewards.sum(dim=1).to(device), terminated=out.terminated.to(device),
                    truncated=out.truncated.to(device), success=out.success.to(device), final_values=final_values)
@@ -189,14 +202,14 @@ def _collect(actor: Actor, env, obs: dict, *, num_chunks: int, sampler: SamplerC
     last_values = []
     for g in range(len(rows)):
         finish(num_chunks - 1, g)
-        last_values.append(model.value(model.encode_prefix(_model_inputs(actor, group_obs[g]))))
+        last_values.append(actor.value(actor.observe(group_obs[g])))
 
     def stack(key: str) -> Tensor:
         return torch.stack([torch.cat([p[key] for p in chunk]) for chunk in parts])
 
     rollout = Rollout(obs={k: torch.stack([torch.cat([p["inputs"][k] for p in chunk]) for chunk in parts])
-                           for k in _INPUTS},
+                           for k in parts[0][0]["inputs"]},
                       **{k: stack(k) for k in _STORED}, last_values=torch.cat(last_values),
-                      sampler=sampler, execute=execute, episodes=episodes, env_steps=env_steps,
+                      sampler=sampler, execute=execute, group_size=group_size, episodes=episodes, env_steps=env_steps,
                       valid=torch.stack(valid) if lost_episodes else None, lost_episodes=lost_episodes)
     return rollout, _join_rows(group_obs)

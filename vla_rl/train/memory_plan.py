@@ -21,11 +21,24 @@ import functools
 import math
 import weakref
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+from vla_rl.checkpoint.folders import read_yaml_file
+from vla_rl.config import ConfigError, from_dict, policy_preset
+from vla_rl.distributed.config import RayConfig
+from vla_rl.policies.actor import Actor
+from vla_rl.policies.config import PolicyConfig
+from vla_rl.policies.inference import cast_weights
+from vla_rl.policies.model import FlowPolicy
+from vla_rl.policies.normalize import NormStats, Stats
+from vla_rl.policies.recompute import activation_checkpointing
+from vla_rl.rl.learner import Learner
+from vla_rl.rl.optim import LeanAdamW
 
 GIB = 2**30
 # Kept free for what the plan does not model: the CUDA context and allocator fragmentation, cuBLAS / attention
@@ -189,11 +202,6 @@ def _nbytes(t: Tensor) -> int:
 def meta_learner(policy_cfg, ppo):
     """The learner a run with policy ``policy_cfg`` and settings ``ppo`` builds, on the meta device (no memory):
     its model with LoRA adapters, its trained set and dtypes, its optimizer."""
-    from vla_rl.policies.model import FlowPolicy
-    from vla_rl.policies.normalize import NormStats, Stats
-    from vla_rl.rl.actor import Actor
-    from vla_rl.rl.learner import Learner
-
     with torch.device("meta"):
         model = FlowPolicy(policy_cfg)
     norm = NormStats(Stats.identity(policy_cfg.state_dim), Stats.identity(policy_cfg.action_dim))
@@ -202,14 +210,7 @@ def meta_learner(policy_cfg, ppo):
 
 def _policy_config(train_cfg):
     """The policy config a training config trains: its ``init`` folder's (config.yaml only), else ``model``."""
-    from vla_rl.config import from_dict, policy_preset
-
     if train_cfg.init:
-        from pathlib import Path
-
-        from vla_rl.checkpoint import read_yaml_file
-        from vla_rl.policies.config import PolicyConfig
-
         path = Path(train_cfg.init)
         if (path / "config.yaml").is_file():
             data = read_yaml_file(path / "config.yaml")
@@ -238,8 +239,6 @@ def static_bytes(learner, *, learners: int = 1, sharded: bool = False, method: s
     reaches; sharded: each tensor split in ``learners`` along its first dim, padded as FSDP pads it), plus
     (sharded) the whole weights of the two largest FSDP units that are gathered at a time (the current unit and the
     prefetched one)."""
-    from vla_rl.rl.optim import LeanAdamW
-
     model, opt = learner.actor.model, learner.optimizer
 
     def part(t: Tensor) -> int:
@@ -276,7 +275,7 @@ def rollout_bytes(policy_cfg, *, num_envs: int, chunks: int, num_steps: int, ima
     size = c.vision.image_size if image_size is None else image_size
     cams = c.num_cameras if num_cameras is None else num_cameras
     tn = chunks * num_envs
-    obs = tn * (cams * size * size * 3 + 4 * c.state_dim + 8 * c.max_text_tokens + c.max_text_tokens)
+    obs = tn * (cams * size * size * 3 + c.num_cameras + 4 * c.state_dim + 8 * c.max_text_tokens + c.max_text_tokens)
     chain = tn * (num_steps + 1) * c.action_horizon * c.action_dim * 4
     log_probs = tn * num_steps * c.action_horizon * c.action_dim * 4
     stochastic = tn * num_steps
@@ -296,9 +295,6 @@ def micro_batch(train_cfg, learners: int = 1) -> int:
 def _peak(policy_cfg, ppo, sampler, bf16: bool, cuda: bool, n: int, what: str) -> int:
     """Simulated peak of a learner of ``policy_cfg`` (at its depth): ``update`` of a micro-batch of ``n``, or
     ``sampling`` of one chunk for ``n`` envs. Cached: suggestions plan many variants of one run."""
-    from vla_rl.policies.inference import cast_weights
-    from vla_rl.policies.recompute import activation_checkpointing
-
     learner = meta_learner(policy_cfg, ppo)
     model = learner.actor.model
     if cuda and bf16:
@@ -377,8 +373,6 @@ def plan_memory(train_cfg, *, device_bytes: int | None = None, device_name: str 
 def suggestions(train_cfg, device_bytes: int, *, cuda: bool = True, limit: int = 4) -> list[str]:
     """Settings (``key=value``) that would make ``train_cfg`` fit ``device_bytes`` per GPU, each checked with its own
     plan; the cheapest changes first."""
-    from vla_rl.distributed.config import RayConfig
-
     ppo, out = train_cfg.ppo, []
     tries: list[tuple[str, dict]] = []
     if ppo.grad_checkpointing != "all":
@@ -420,8 +414,6 @@ def check_plan(train_cfg, *, device_bytes: int | None, device_name: str = "", cu
                log=print, max_suggestions: int = 4) -> MemoryPlan:
     """Print ``train_cfg``'s plan; raise :class:`~vla_rl.config.ConfigError` if it does not fit ``device_bytes``,
     naming the settings that would make it fit."""
-    from vla_rl.config import ConfigError
-
     plan = plan_memory(train_cfg, device_bytes=device_bytes, device_name=device_name, cuda=cuda)
     log(plan.table())
     if plan.fits is False:

@@ -1,9 +1,9 @@
-"""Self-contained checkpoint folders: safetensors + YAML, written atomically, never unpickled.
+"""Self-contained checkpoint folders on disk: safetensors + YAML, written atomically, read back checked, never
+unpickled.
 
-A policy folder holds ``model.safetensors`` (weights), ``norm_stats.safetensors`` and ``config.yaml``
-(the resolved policy config, the normalisation mode, and what the env looked like). Writing goes to a
-temporary sibling folder that is renamed into place, so an interrupted save never leaves a half-written
-checkpoint and never destroys the previous one.
+Writing goes to a temporary sibling folder that is renamed into place, so an interrupted save never leaves a
+half-written checkpoint and never destroys the previous one. What a policy folder holds: :mod:`.policy`; what a
+training checkpoint adds: :mod:`.training`.
 """
 
 from __future__ import annotations
@@ -19,12 +19,6 @@ import torch
 import yaml
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
-
-from vla_rl.config import ConfigError, from_dict, to_dict
-from vla_rl.policies import lora
-from vla_rl.policies.config import PolicyConfig
-from vla_rl.policies.model import FlowPolicy
-from vla_rl.policies.normalize import NormStats
 
 FORMAT_VERSION = 1
 
@@ -186,100 +180,6 @@ def read_yaml_file(path: Path) -> dict:
     if not isinstance(data, dict):
         raise CheckpointError(f"{path} must hold a mapping")
     return data
-
-
-def policy_files(model: FlowPolicy, norm: NormStats, meta: dict | None = None) -> tuple[dict, dict]:
-    """The tensors and YAML files of a policy folder (a training checkpoint adds its own to these). A model with
-    LoRA adapters keeps its base weights in ``model.safetensors`` (the keys of the plain policy) and the adapters
-    in ``adapters.safetensors``, described by ``config.yaml``'s ``lora`` entry; loading merges them."""
-    config = {"format_version": FORMAT_VERSION, "policy": to_dict(model.cfg),
-              "normalization": {"mode": norm.mode,
-                                "hidden_state_dims": list(norm.hidden_state)}, **(meta or {})}
-    base, adapters = lora.split_state(model.state_dict())
-    tensors = {"model": base, "norm_stats": norm.to_tensors()}
-    if adapters:
-        tensors["adapters"] = adapters
-        config["lora"] = lora.lora_meta(model)
-    if model.cfg.tokenizer == "sentencepiece":
-        if model.text_tokenizer is None:
-            raise CheckpointError("this policy tokenizes with SentencePiece but has no tokenizer attached; "
-                                  "a folder saved without it could not read instructions")
-        name = model.cfg.tokenizer_file
-        if Path(name).suffix != ".safetensors" or Path(name).name != name:
-            raise CheckpointError(f"tokenizer_file must be a .safetensors file name in the policy folder, got {name!r}")
-        tensors[Path(name).stem] = model.text_tokenizer.to_tensors()
-    return tensors, {"config": config}
-
-
-def save_policy(path: str | Path, model: FlowPolicy, norm: NormStats, *, meta: dict | None = None) -> Path:
-    """Save a policy folder; ``meta`` (env dims, sampler, ...) goes into ``config.yaml``."""
-    tensors, yamls = policy_files(model, norm, meta)
-    return write_atomic_folder(path, tensors=tensors, yamls=yamls)
-
-
-def load_policy(path: str | Path, device="cpu") -> tuple[FlowPolicy, NormStats, dict]:
-    """Load a policy folder -> (model in eval mode, normalisation, the whole config.yaml).
-
-    The model is built on the meta device and takes the stored tensors (as float32) one by one: one copy of the
-    weights. (A LeRobot π0 / π0.5 folder: :func:`vla_rl.interop.lerobot.load_any_policy`.)"""
-    path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"no checkpoint folder at {path}")
-    config = read_yaml_file(path / "config.yaml")
-    if "format_version" not in config:
-        hint = ("; it looks like a training run folder: give one of its checkpoints (checkpoints/iter_*, "
-                "checkpoints/best)" if (path / "checkpoints").is_dir() else "")
-        raise CheckpointError(f"{path} is not a policy checkpoint folder (its config.yaml has no format_version)"
-                              + hint)
-    if config.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: unsupported checkpoint format_version {config.get('format_version')!r}")
-    try:
-        cfg = from_dict(PolicyConfig, config.get("policy", {}), prefix="policy")
-        mode = config["normalization"]["mode"]
-        hidden = config["normalization"].get("hidden_state_dims") or []
-        if not isinstance(hidden, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in hidden):
-            raise ValueError(f"normalization.hidden_state_dims must be a list of ints, got {hidden!r}")
-    except (ConfigError, KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{path}/config.yaml: {e}") from None
-    with torch.device("meta"):
-        model = FlowPolicy(cfg)
-    expected = model.state_dict()
-    state = read_tensors_lazily(path / "model.safetensors", expected)
-    if config.get("lora") is not None:   # LoRA adapters: folded into the weights they adapt
-        state = merge_adapters(path, config, state)
-    model.load_state_dict(state, assign=True)
-    del state
-    if cfg.tokenizer == "sentencepiece":
-        from vla_rl.policies.tokenizer import SentencePieceTokenizer, TokenizerError
-
-        try:
-            model.set_tokenizer(SentencePieceTokenizer.from_file(path / cfg.tokenizer_file))
-        except (TokenizerError, ValueError) as e:
-            raise CheckpointError(f"{path}: {e}") from None
-    try:
-        norm = NormStats.from_tensors(read_tensors(path / "norm_stats.safetensors"), mode, tuple(hidden))
-    except ValueError as e:
-        raise CheckpointError(f"{path}: {e}") from None
-    return model.to(device).eval(), norm, config
-
-
-def adapter_scaling(path: Path, config: dict) -> float:
-    """The scaling of the LoRA adapters a policy folder's ``config.yaml`` describes."""
-    meta = config.get("lora")
-    scaling = meta.get("scaling") if isinstance(meta, dict) else None
-    if isinstance(scaling, bool) or not isinstance(scaling, (int, float)) or not scaling > 0:
-        raise CheckpointError(f"{path}/config.yaml: lora.scaling must be a number > 0, got {scaling!r}")
-    return float(scaling)
-
-
-def merge_adapters(path: Path, config: dict, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``state`` (base weights) with the folder's ``adapters.safetensors`` folded in (``W + s B A``)."""
-    scaling = adapter_scaling(path, config)
-    adapters = read_tensors(path / "adapters.safetensors")
-    try:
-        return lora.merge_state(state, adapters, scaling)
-    except ValueError as e:
-        raise CheckpointError(f"{path}/adapters.safetensors: {e}") from None
 
 
 def read_tensors_lazily(path: Path, expected: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

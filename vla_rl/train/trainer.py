@@ -22,7 +22,15 @@ from typing import Literal
 import torch
 import yaml
 
-from vla_rl.checkpoint import CheckpointError, load_policy, policy_files, read_yaml_file, write_atomic_folder
+from vla_rl.checkpoint.folders import CheckpointError, read_yaml_file, write_atomic_folder
+from vla_rl.checkpoint.policy import load_any_policy, load_policy, policy_files
+from vla_rl.checkpoint.training import (
+    list_checkpoints,
+    load_training_state,
+    resume_candidates,
+    save_checkpoint,
+    verify_checkpoint,
+)
 from vla_rl.config import (
     ConfigError,
     check_ranges,
@@ -41,24 +49,16 @@ from vla_rl.distributed.runtime import make_runtime
 from vla_rl.env_factory import EnvConfig, make_env
 from vla_rl.eval.evaluate import evaluate
 from vla_rl.outputs import RUN, check_output, clear_output
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.progress import progress
-from vla_rl.rl.actor import Actor, SamplerConfig
 from vla_rl.rl.learner import Learner, PPOConfig
-from vla_rl.rl.metrics_log import MetricsLog, summary_line
-from vla_rl.rl.preflight import recorded_limit, rollout_warnings
-from vla_rl.rl.rollout import collect_rollout, first_episode_mask, step_groups
-from vla_rl.rl.state import (  # noqa: F401  (CHECKPOINT_PREFIX, latest_checkpoint: re-exported for callers)
-    CHECKPOINT_PREFIX,
-    latest_checkpoint,
-    list_checkpoints,
-    load_training_state,
-    resume_candidates,
-    save_checkpoint,
-    verify_checkpoint,
-)
+from vla_rl.rl.rollout import collect_rollout, step_groups
 from vla_rl.threads import local_worker_processes, policy_threads, threads_note
+from vla_rl.train.memory_plan import check_plan, device_memory
+from vla_rl.train.metrics_log import MetricsLog, summary_line
+from vla_rl.train.preflight import recorded_limit, rollout_warnings
 
 
 class TrainingError(RuntimeError):
@@ -107,7 +107,7 @@ class TrainConfig:
     # the same loop, and (env_actors 0) the same numbers as "local".
     runtime: Literal["local", "ray"] = "local"
     ray: RayConfig = field(default_factory=RayConfig)
-    # On CUDA (local runtime) the run first plans its memory per GPU (vla_rl/rl/memory_plan.py) and stops before
+    # On CUDA (local runtime) the run first plans its memory per GPU (vla_rl/train/memory_plan.py) and stops before
     # starting anything if it cannot fit, naming settings that would; false skips the check.
     memory_plan: bool = True
 
@@ -201,8 +201,6 @@ class Trainer:
 
     def _build(self, cfg: TrainConfig) -> None:
         if cfg.memory_plan and self.device.type == "cuda" and cfg.runtime == "local":
-            from vla_rl.rl.memory_plan import check_plan, device_memory
-
             free, name = device_memory(self.device)
             check_plan(cfg, device_bytes=free, device_name=name, log=self.log)
         self.runtime = make_runtime(cfg.runtime, cfg.ray, log=self.log)
@@ -229,8 +227,6 @@ class Trainer:
         if self.resume_from is not None:   # self-contained: the checkpoint's own policy config and weights
             model, norm, _ = load_policy(self.resume_from, device=self.device)
         elif cfg.init:
-            from vla_rl.interop.lerobot import load_any_policy  # ours, or a LeRobot π0 / π0.5 folder
-
             model, norm, init_config = load_any_policy(cfg.init, device=self.device)
         else:   # a fresh model's weights come from the run's seed: two runs of one config are the same run
             with torch.random.fork_rng(devices=[]):
@@ -288,7 +284,7 @@ class Trainer:
         self.close()
 
     # ------------------------------------------------------------------------------------------------
-    # Checkpoints (the files and their checks live in vla_rl.rl.state)
+    # Checkpoints (the files and their checks live in vla_rl.checkpoint.training)
     # ------------------------------------------------------------------------------------------------
     def _policy_folder(self) -> tuple[dict, dict]:
         """The files of a policy folder for the current weights, plus this run's ``train_config.yaml`` (which
@@ -440,33 +436,18 @@ class Trainer:
                 self._forget_env_history()
                 at_checkpoint = False
             seed = rollout_seed(cfg.seed, it, self.env.num_envs)
-            grpo = cfg.ppo.algorithm == "grpo"
-            obs = self.env.reset(seed=seed, group_size=cfg.ppo.group_size) if grpo else self.env.reset(seed=seed)
+            group = cfg.ppo.group_size if cfg.ppo.algorithm == "grpo" else 1   # GRPO: envs sharing an initial state
+            obs = self.env.reset(seed=seed, group_size=group) if group > 1 else self.env.reset(seed=seed)
             gen = torch.Generator(device=self.device).manual_seed(seed)
             ro, _ = collect_rollout(self.actor, self.env, obs, num_chunks=cfg.rollout_chunks,
                                     sampler=cfg.sampler, execute=cfg.execute, generator=gen,
-                                    groups=cfg.rollout_groups)
+                                    groups=cfg.rollout_groups, group_size=group)
             t_roll = time.perf_counter() - t0
             metrics = self.learner.update(ro, iteration=it)
             self.iteration = it + 1
             env_steps += ro.env_steps
-            m = {"iteration": self.iteration, "time/env_steps": env_steps, "time/env_steps_iter": ro.env_steps}
-            eps = ro.episodes
-            if eps.get("success_once"):
-                k = len(eps["success_once"])
-                m["rollout/success_once"] = sum(eps["success_once"]) / k
-                m["rollout/return"] = sum(eps["return"]) / k
-                m["rollout/episode_length"] = sum(eps["length"]) / k
-                m["rollout/episodes"] = k
-                first = [s for s, f in zip(eps["success_once"], first_episode_mask(eps["env_index"])) if f]
-                m["rollout/success_first"] = sum(first) / len(first)
-                m["rollout/first_episodes"] = len(first)
-            m["rollout/chunk_reward"] = float(ro.rewards.mean())
-            # The sampler's mean Gaussian step entropy: how much the stochastic policy still explores.
-            m["rollout/entropy"] = float(ro.entropy.mean())
-            if ro.lost_episodes:
-                m["rollout/lost_episodes"] = ro.lost_episodes
-            m.update(metrics)
+            m = {"iteration": self.iteration, "time/env_steps": env_steps, "time/env_steps_iter": ro.env_steps,
+                 **ro.metrics(), **metrics}
             problem = self._update_problem(m)
             if problem:   # the iteration's metrics are kept for the diagnosis; nothing of it is saved
                 self._record(m)

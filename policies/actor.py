@@ -4,6 +4,11 @@ The model works in normalised units and may have more state / action dims than t
 the actor pads the env's state, and cuts, unnormalises and clips the model's actions, with the conversions of
 :mod:`vla_rl.policies.normalize` (an exported policy uses the same ones).
 
+The actor is a rollout's only door to the model: :meth:`Actor.observe` turns an env observation into the model's
+prepared inputs (validated and tokenized once) and their prefix; :meth:`Actor.act` samples a chunk from them and
+returns everything a rollout stores (the chain, its log-densities, the mean step entropy, the value);
+:meth:`Actor.value` is the value of an observation. Evaluation and deployment call :meth:`Actor.chunk`.
+
 Glossary: N envs, H actions per chunk, A model action dims, a env action dims, K denoising steps.
 """
 
@@ -15,33 +20,57 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from vla_rl.config import check_ranges, positive, ranged
-from vla_rl.policies import flow
-from vla_rl.policies.inference import CompileMode, Denoiser
-from vla_rl.policies.model import FlowPolicy, Prefix
-from vla_rl.policies.normalize import NormStats, actions_from_model, actions_to_model, state_to_model
+from . import flow
+from .inference import CompileMode, Denoiser
+from .model import FlowPolicy, Prefix
+from .normalize import NormStats, actions_from_model, actions_to_model, state_to_model
+from .ranges import check_ranges, positive, ranged, setting
 
 
 @dataclass(frozen=True)
 class SamplerConfig:
     """How action chunks are drawn: ``num_steps`` (K) denoising steps with ``method``."""
 
-    num_steps: int = ranged(4, 1)
-    method: Literal["ode", "sde", "noise"] = "ode"
-    noise_level: float = positive(0.5)
-    sde_mode: Literal["all", "mixed"] = "mixed"
+    num_steps: int = ranged(4, 1, doc="K: denoising steps from noise (t = 1) to an action chunk (t = 0)")
+    method: Literal["ode", "sde", "noise"] = setting(
+        "ode", doc="ode: deterministic given the initial noise (a deployed policy's sampler); sde: Flow-SDE; noise: "
+                   "Flow-Noise (a learned noise head); RL needs sde or noise, which have a likelihood (docs/flow.md)")
+    noise_level: float = positive(0.5, doc="Flow-SDE's noise scale a: sigma_t = a sqrt(t / (1 - t))")
+    sde_mode: Literal["all", "mixed"] = setting(
+        "mixed", doc="Flow-SDE: all = every denoising step stochastic; mixed = one random step per chunk, the rest ODE")
 
     def __post_init__(self):
         check_ranges(self)
 
 
 @dataclass
+class Observation:
+    """What the actor saw of ``N`` env observations: the model's prepared inputs (:meth:`FlowPolicy.prepare`:
+    ``images``, ``image_mask``, normalised padded ``state``, ``tokens``, ``token_mask``; what a rollout stores and
+    the learner re-encodes) and their prefix."""
+
+    inputs: dict[str, Tensor]
+    prefix: Prefix
+
+
+@dataclass
 class Act:
-    """actions ``[N, H, a]`` in env units (clipped); sample: the flow chain in model units; prefix."""
+    """One sampled chunk per env: what a rollout stores.
+
+    actions     ``[N, H, a]``        env units, clipped to the action bounds
+    chain       ``[N, K+1, H, A]``   the flow chain in model units (``chain[:, -1]``: the model's actions)
+    stochastic  ``[N, K]``           which denoising steps were Gaussian
+    log_probs   ``[N, K, H, A]``     per-element log-densities of the chain's steps, as sampled
+    entropy     ``[N]``              mean Gaussian step entropy (:func:`flow.mean_entropy`): executed actions, real dims
+    value       ``[N]``              the critic's value of the observation
+    """
 
     actions: Tensor
-    sample: flow.FlowSample
-    prefix: Prefix
+    chain: Tensor
+    stochastic: Tensor
+    log_probs: Tensor
+    entropy: Tensor
+    value: Tensor
 
 
 class Actor:
@@ -78,6 +107,10 @@ class Actor:
                    action_low=spec.action_low, action_high=spec.action_high, compile=compile)
 
     @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
     def dim_mask(self) -> Tensor:
         """``[A]`` True on the model action dims that the env really has."""
         m = torch.zeros(self.model.cfg.action_dim, dtype=torch.bool, device=self.model.device)
@@ -104,22 +137,40 @@ class Actor:
         """Model actions ``[..., A]`` -> env units ``[..., a]``, clipped to the action bounds."""
         return actions_from_model(self.norm, x, self.env_action_dim, self.action_low, self.action_high)
 
-    def encode(self, obs: dict) -> Prefix:
-        return self.model.encode_prefix(self.model_obs(obs))
+    def observe(self, obs: dict, *, hidden: bool = True) -> Observation:
+        """An env observation as the model's prepared inputs and their prefix (``hidden=False``: without the last
+        prefix layer's outputs, which only a prefix-sourced value head reads)."""
+        inputs = self.model.prepare(self.model_obs(obs))
+        return Observation(inputs, self.prefix(inputs, hidden=hidden))
 
-    def act(self, obs: dict, sampler: SamplerConfig, *, generator: torch.Generator | None = None,
-            prefix: Prefix | None = None, draws: flow.SampleNoise | None = None) -> Act:
-        """Sample a chunk per env. ``draws`` (from :meth:`draw`): the random draws to use instead of drawing
-        them from ``generator`` (same numbers: :meth:`draw` with that generator)."""
-        prefix = prefix if prefix is not None else self.encode(obs)
+    def prefix(self, inputs: dict[str, Tensor], *, hidden: bool = True) -> Prefix:
+        """The prefix of prepared model inputs (:attr:`Observation.inputs`, e.g. as a rollout stored them)."""
+        return self.model.encode_prefix(inputs, hidden=hidden, prepared=True)
+
+    def act(self, seen: Observation, sampler: SamplerConfig, *, generator: torch.Generator | None = None,
+            draws: flow.SampleNoise | None = None, execute: int | None = None) -> Act:
+        """Sample a chunk per env from what :meth:`observe` saw. ``draws`` (from :meth:`draw`): the random draws to
+        use instead of drawing them from ``generator`` (same numbers: :meth:`draw` with that generator);
+        ``execute``: the actions of each chunk the env will run (the entropy counts those)."""
+        s = self._sample(seen.prefix, sampler, generator=generator, draws=draws)
+        return Act(actions=self.env_actions(s.actions), chain=s.chain, stochastic=s.stochastic,
+                   log_probs=s.log_probs,
+                   entropy=flow.mean_entropy(s.entropy, s.stochastic, executed=execute, dim_mask=self.dim_mask),
+                   value=self.model.value(seen.prefix))
+
+    def _sample(self, prefix: Prefix, sampler: SamplerConfig, *, generator: torch.Generator | None,
+                draws: flow.SampleNoise | None) -> flow.FlowSample:
         if draws is None:
             draws = self.draw(prefix.batch_size, sampler, generator=generator)
         elif draws.initial.shape[0] != prefix.batch_size:
             raise ValueError(f"draws are for {draws.initial.shape[0]} chunks, the batch has {prefix.batch_size}")
-        sample = flow.sample(self.model.field(prefix), draws.initial, num_steps=sampler.num_steps,
-                             method=sampler.method, noise_level=sampler.noise_level,
-                             sde_mode=sampler.sde_mode, stochastic=draws.stochastic, step_noise=draws.steps)
-        return Act(actions=self.env_actions(sample.actions), sample=sample, prefix=prefix)
+        return flow.sample(self.model.field(prefix), draws.initial, num_steps=sampler.num_steps,
+                           method=sampler.method, noise_level=sampler.noise_level,
+                           sde_mode=sampler.sde_mode, stochastic=draws.stochastic, step_noise=draws.steps)
+
+    def value(self, seen: Observation) -> Tensor:
+        """``[N]``: the critic's value of what :meth:`observe` saw."""
+        return self.model.value(seen.prefix)
 
     def draw(self, batch: int, sampler: SamplerConfig, *, generator: torch.Generator | None = None
              ) -> flow.SampleNoise:
@@ -133,10 +184,11 @@ class Actor:
         """Env-unit actions ``[N, H, a]`` alone (evaluation, deployment). The ODE sampler takes the
         deterministic fast path (:func:`flow.denoise` of :meth:`FlowPolicy.velocity_field`, its loop run as
         ``compile`` says: no step noise, densities, chain, std or value head, nor the prefix's unread last-layer
-        outputs); the stochastic samplers need their step noise and run :meth:`act`."""
+        outputs); the stochastic samplers need their step noise and sample as :meth:`act` does (without the value)."""
         if sampler.method != "ode":
-            return self.act(obs, sampler, generator=generator).actions
-        prefix = self.model.encode_prefix(self.model_obs(obs), hidden=False)
+            return self.env_actions(self._sample(self.observe(obs).prefix, sampler, generator=generator,
+                                                 draws=None).actions)
+        prefix = self.observe(obs, hidden=False).prefix
         cfg = self.model.cfg
         noise = torch.randn(prefix.batch_size, cfg.action_horizon, cfg.action_dim, generator=generator,
                             device=self.model.device)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from vla_rl.checkpoint import (
+from vla_rl.checkpoint.folders import (
     CheckpointError,
     clean_stale_temp,
     read_tensors,

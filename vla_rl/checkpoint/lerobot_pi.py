@@ -34,10 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import yaml
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from vla_rl.checkpoint import FORMAT_VERSION, CheckpointError, atomic_folder, load_policy
+from vla_rl.checkpoint.folders import FORMAT_VERSION, CheckpointError, atomic_folder
 from vla_rl.config import ConfigError, from_dict, merge, to_dict
 from vla_rl.policies.config import PolicyConfig
 from vla_rl.policies.model import FlowPolicy
@@ -495,14 +496,6 @@ def load_lerobot(src: str | Path, *, tokenizer: str | Path | None = None, overri
     return model.to(device).eval(), norm, config
 
 
-def load_any_policy(path: str | Path, device="cpu") -> tuple[FlowPolicy, NormStats, dict]:
-    """:func:`vla_rl.checkpoint.load_policy` of one of our policy folders, or :func:`load_lerobot` of a LeRobot
-    π0 / π0.5 folder (imported on the fly; its tokenizer found next to it or in the Hugging Face cache)."""
-    if is_lerobot_folder(path):
-        return load_lerobot(path, device=device)
-    return load_policy(path, device=device)
-
-
 def import_lerobot(src: str | Path, out: str | Path, *, tokenizer: str | Path | None = None,
                    overrides: dict | None = None, dtype: str = "fp32",
                    progress: Callable[[int, int], None] | None = None) -> ImportReport:
@@ -531,8 +524,6 @@ def import_lerobot(src: str | Path, out: str | Path, *, tokenizer: str | Path | 
               "source": {"lerobot": str(src.resolve()), "type": lr["type"], "normalization": modes,
                          "dtype": dtype, "notes": notes}}
     out = Path(out)
-    import yaml
-
     n_params = sum(t.numel() for t in tensors.values())
     with atomic_folder(out) as tmp:
         save_file(tensors, str(tmp / "model.safetensors"))
