@@ -28,6 +28,7 @@ import numpy as np
 
 POS_SCALE, ROT_SCALE = 0.05, 0.5      # OSC_POSE output_max: metres / radians per unit action
 OPEN, CLOSE = -1.0, 1.0
+CORNERS = np.array([[i, j, k] for i in (-1, 1) for j in (-1, 1) for k in (-1, 1)], dtype=float)
 MAX_OPENING = 0.075                   # the Panda's fingers open ~8 cm; wider objects are grasped by a rim
 FINGER_BELOW = 0.005                  # the finger pads reach ~4.5 mm below the grip site
 
@@ -89,22 +90,22 @@ def read_scene(env, names=None) -> Scene:
     site = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_SITE, "gripper0_grip_site")
     fingers = [m.jnt_qposadr[mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_JOINT, f"gripper0_finger_joint{i}")]
                for i in (1, 2)]
-    corners = np.array([[i, j, k] for i in (-1, 1) for j in (-1, 1) for k in (-1, 1)], dtype=float)
+    wanted = {bid: name for name, bid in env.obj_body_id.items() if names is None or name in names}
     collide = (m.geom_contype != 0) | (m.geom_conaffinity != 0)
     root_of_geom = m.body_rootid[m.geom_bodyid]
+    geoms = np.flatnonzero(collide & np.isin(root_of_geom, list(wanted)))
+    roots = root_of_geom[geoms]
+    # the 8 corners of every such geom's box, in the world: [G, 8, 3]
+    pts = d.geom_xpos[geoms, None, :] + np.einsum(
+        "gkj,gij->gki", m.geom_aabb[geoms, None, :3] + m.geom_aabb[geoms, None, 3:] * CORNERS[None],
+        d.geom_xmat[geoms].reshape(-1, 3, 3))
     bodies = {}
-    for name, bid in env.obj_body_id.items():
-        if names is not None and name not in names:
-            continue
+    for bid, name in wanted.items():
         pos, mat = d.xpos[bid].copy(), d.xmat[bid].reshape(3, 3).copy()
-        pts = []
-        for g in np.flatnonzero(collide & (root_of_geom == bid)):
-            c, h = m.geom_aabb[g, :3], m.geom_aabb[g, 3:]
-            pts.append(d.geom_xpos[g] + (c + h * corners) @ d.geom_xmat[g].reshape(3, 3).T)
-        if pts:
-            pts = np.concatenate(pts)
-            local = (pts - pos) @ mat
-            lo, hi, half = pts.min(0), pts.max(0), (local.max(0) - local.min(0)) / 2
+        mine = pts[roots == bid].reshape(-1, 3)
+        if len(mine):
+            local = (mine - pos) @ mat
+            lo, hi, half = mine.min(0), mine.max(0), (local.max(0) - local.min(0)) / 2
         else:
             lo = hi = pos
             half = np.zeros(3)
@@ -128,13 +129,8 @@ def read_scene(env, names=None) -> Scene:
     geom_lo = geom_hi = np.zeros((0, 3))
     owners: tuple[str, ...] = ()
     if names is None:
-        owner_of_root = {bid: name for name, bid in env.obj_body_id.items()}
-        geoms = np.flatnonzero(collide & np.isin(root_of_geom, list(owner_of_root)))
-        pts = d.geom_xpos[geoms, None, :] + np.einsum(
-            "gkj,gij->gki", m.geom_aabb[geoms, None, :3] + m.geom_aabb[geoms, None, 3:] * corners[None],
-            d.geom_xmat[geoms].reshape(-1, 3, 3))
         geom_lo, geom_hi = pts.min(1), pts.max(1)
-        owners = tuple(owner_of_root[r] for r in root_of_geom[geoms])
+        owners = tuple(wanted[r] for r in roots)
     return Scene(eef_pos=d.site_xpos[site].copy(), eef_mat=d.site_xmat[site].reshape(3, 3).copy(),
                  gripper_qpos=np.array([d.qpos[a] for a in fingers]), bodies=bodies, sites=sites, joints=joints,
                  geom_lo=geom_lo, geom_hi=geom_hi, geom_owner=owners)
@@ -152,13 +148,15 @@ def rotation_log(r: np.ndarray) -> np.ndarray:
     angle = math.acos(cos)
     if angle < 1e-9:
         return np.zeros(3)
-    if math.pi - angle < 1e-4:       # near a half turn: the axis from the symmetric part
+    anti = np.array([r[2, 1] - r[1, 2], r[0, 2] - r[2, 0], r[1, 0] - r[0, 1]])   # 2 sin(angle) axis
+    if math.pi - angle < 1e-4:       # near a half turn: the axis from the symmetric part, its sign from anti
         axis = np.sqrt(np.clip((np.diag(r) + 1.0) / 2.0, 0.0, None))
         k = int(np.argmax(axis))
         axis = axis * np.sign(np.where(np.arange(3) == k, 1.0, r[k] + r[:, k]))
+        if axis @ anti < 0:
+            axis = -axis
         return axis / np.linalg.norm(axis) * angle
-    w = np.array([r[2, 1] - r[1, 2], r[0, 2] - r[2, 0], r[1, 0] - r[0, 1]]) / (2.0 * math.sin(angle))
-    return w * angle
+    return anti / (2.0 * math.sin(angle)) * angle
 
 
 def down_orientation(yaw: float) -> np.ndarray:
