@@ -249,9 +249,18 @@ class LiberoSingleEnv:
             bddl = os.path.join(self._get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
             cams = [CAMERAS[c][0] for c in self.cfg.cameras]
             # ignore_done: robosuite raises after its own horizon; the step limit is counted here.
-            env = self._env_cls(bddl_file_name=bddl, camera_names=cams, use_camera_obs=bool(cams),
-                                camera_heights=self.cfg.image_size, camera_widths=self.cfg.image_size,
-                                ignore_done=True, hard_reset=not self.cfg.soft_reset)
+            kwargs = dict(bddl_file_name=bddl, camera_names=cams, use_camera_obs=bool(cams),
+                          camera_heights=self.cfg.image_size, camera_widths=self.cfg.image_size,
+                          ignore_done=True, hard_reset=not self.cfg.soft_reset)
+            if cams:
+                env = self._env_cls(**kwargs)
+            else:
+                # Without cameras no offscreen render context is opened: it costs ~0.5 GB per env on
+                # llvmpipe, half of a state-only env's memory. render_frame() still works: robosuite's
+                # sim.render opens one when a frame is first asked for.
+                from libero.libero.envs.env_wrapper import ControlEnv
+
+                env = ControlEnv(has_renderer=False, has_offscreen_renderer=False, **kwargs)
         self._envs[task_id] = env   # most recently used last
         return env
 
@@ -407,9 +416,13 @@ class LiberoSingleEnv:
             raise RuntimeError("nothing to render before the first reset()")
         if self.cfg.cameras:
             return np.concatenate(list(self._obs()["images"]), axis=1)
-        s = self.cfg.image_size
-        return np.ascontiguousarray(self._orient(self._env.sim.render(width=s, height=s,
-                                                                      camera_name="agentview")))
+        s, sim = self.cfg.image_size, self._env.sim
+        if sim._render_context_offscreen is None:   # a state-only env opens its render context on demand
+            from robosuite.utils.binding_utils import MjRenderContextOffscreen
+
+            ctx = MjRenderContextOffscreen(sim, device_id=-1)   # registers itself with sim
+            ctx.vopt.geomgroup[0], ctx.vopt.geomgroup[1] = 0, 1  # visual meshes, as robosuite's renderer
+        return np.ascontiguousarray(self._orient(sim.render(width=s, height=s, camera_name="agentview")))
 
     def close(self) -> None:
         for env in self._envs.values():
