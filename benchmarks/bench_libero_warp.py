@@ -226,6 +226,7 @@ def fidelity_task(single, suite: str, task: int, args) -> dict:
     if "images" in parts:
         s = 128
         single.reset_to(task, 0)
+        single.render_frame()   # a state-only env opens its render context on demand
         worlds = TaskWorlds(scene, 1, device=cpu, cameras=("agentview", "wrist"), image_size=s)
         worlds.load_starts(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
         worlds.kinematics()

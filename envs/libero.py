@@ -43,6 +43,7 @@ import numpy as np
 from ..policies.ranges import check_ranges, nonneg, ranged
 from .base import EnvSpec
 from .cache import cache_dir
+from .libero_reward import Shaping
 
 SETUP_HINT = "run `PY=.venv/bin/python bash scripts/setup_libero.sh` (or `make sims`) to install LIBERO"
 
@@ -54,6 +55,14 @@ CAMERAS = {"agentview": ("agentview", "agentview_image"),
            "wrist": ("robot0_eye_in_hand", "robot0_eye_in_hand_image")}  # ours -> (robosuite, obs key)
 NOOP = np.array([0.0] * 6 + [-1.0])  # no motion, gripper open: what the settle steps send
 STATE_DIM, ACTION_DIM = 8, 7
+OBJECT_STATE_DIM = 9                  # per object of interest in state_mode "robot+objects": position, rotation (6)
+NUM_FIXED_INIT_STATES = 50
+# Placement numbers that init_states="sampled" draws from when init_state_ids is None. Those below are never drawn
+# at random: recordings use 0, 1, ..., so training and evaluation on drawn placements never replay a demonstration.
+SAMPLED_IDS = range(1_000_000, 2**31)
+# A sampled placement is dropped from above the table: extra settle steps (not counted), and a draw whose objects
+# moved or tipped while settling (an overlap thrown apart) is redrawn.
+SAMPLED_SETTLE_STEPS, SAMPLED_ATTEMPTS, SAMPLED_MAX_SHIFT, SAMPLED_MAX_TILT = 20, 50, 0.02, 0.35
 
 Suite = Literal["libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90"]
 Camera = Literal["agentview", "wrist"]
@@ -131,6 +140,19 @@ class LiberoConfig:
     # number `seed` of the list [(t, i) for t in task_ids for i in init_state_ids] and reset(None) the next one,
     # so a batched evaluation whose env j resets with seed s + j covers the fixed protocol episodes in order.
     episode_order: Literal["random", "indexed"] = "random"
+    # "fixed": the task's shipped init states (the official protocol). "sampled": object placements drawn anew
+    # from the task's BDDL regions (the distribution LIBERO drew its fixed states from), placement number k
+    # seeded by (suite, task, k): init_state_ids then number placements (None: SAMPLED_IDS).
+    init_states: Literal["fixed", "sampled"] = "fixed"
+    # "robot": openpi's 8 numbers. "robot+objects": then, for each of the task's first `state_objects` objects
+    # of interest (BDDL :obj_of_interest; zeros where it has fewer), its position (3) and the first two columns of
+    # its rotation matrix (6: continuous, unlike a quaternion's sign or an axis-angle near a half turn).
+    state_mode: Literal["robot", "robot+objects"] = "robot"
+    state_objects: int = ranged(2, 1, 8)
+    # "sparse": LIBERO's 1.0 on success. "shaped": that plus shaping_scale x the change of a progress potential
+    # (envs.libero_reward: reach, grasp, carry to the target), so an episode's shaping sums to phi_end - phi_start.
+    reward: Literal["sparse", "shaped"] = "sparse"
+    shaping_scale: float = nonneg(1.0)
 
     def __post_init__(self):
         check_ranges(self)
@@ -147,6 +169,10 @@ class LiberoConfig:
     @property
     def episode_steps(self) -> int:
         return self.max_episode_steps or SUITE_MAX_STEPS[self.suite]
+
+    @property
+    def state_dim(self) -> int:
+        return STATE_DIM + (OBJECT_STATE_DIM * self.state_objects if self.state_mode == "robot+objects" else 0)
 
 
 def episode_of(index: int, task_ids: Sequence[int], init_state_ids: Sequence[int]) -> tuple[int, int]:
@@ -174,8 +200,11 @@ class LiberoSingleEnv:
         self.task_ids = list(range(n_tasks)) if cfg.task_ids is None else list(cfg.task_ids)
         if max(self.task_ids) >= n_tasks:
             raise ValueError(f"task_ids {cfg.task_ids} out of range: {cfg.suite} has {n_tasks} tasks")
-        self.init_state_ids = list(range(50)) if cfg.init_state_ids is None else list(cfg.init_state_ids)
-        self.spec = EnvSpec(num_envs=1, action_dim=ACTION_DIM, state_dim=STATE_DIM,
+        if cfg.init_state_ids is not None:
+            self.init_state_ids = list(cfg.init_state_ids)
+        else:
+            self.init_state_ids = SAMPLED_IDS if cfg.init_states == "sampled" else range(NUM_FIXED_INIT_STATES)
+        self.spec = EnvSpec(num_envs=1, action_dim=ACTION_DIM, state_dim=cfg.state_dim,
                             num_cameras=len(cfg.cameras), image_size=cfg.image_size,
                             max_episode_steps=cfg.episode_steps, images_rot180=cfg.image_orientation == "rot180")
         self._rng = np.random.default_rng(seed)
@@ -189,8 +218,15 @@ class LiberoSingleEnv:
         self.task_id: int | None = None
         self.init_state_id: int | None = None
         self.instruction = ""
+        self._objects: list[int] = []        # body ids of the objects of interest in the state
+        self._shaping = None                 # envs.libero_reward.Shaping of the episode (reward="shaped")
 
     # ------------------------------------------------------------------------------------------------
+    @property
+    def sim_env(self):
+        """The current episode's robosuite env (privileged state for scripted experts and rewards), or None."""
+        return None if self._env is None else self._env.env
+
     def instruction_of(self, task_id: int) -> str:
         return self.suite.get_task(task_id).language
 
@@ -214,9 +250,18 @@ class LiberoSingleEnv:
             bddl = os.path.join(self._get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
             cams = [CAMERAS[c][0] for c in self.cfg.cameras]
             # ignore_done: robosuite raises after its own horizon; the step limit is counted here.
-            env = self._env_cls(bddl_file_name=bddl, camera_names=cams, use_camera_obs=bool(cams),
-                                camera_heights=self.cfg.image_size, camera_widths=self.cfg.image_size,
-                                ignore_done=True, hard_reset=not self.cfg.soft_reset)
+            kwargs = dict(bddl_file_name=bddl, camera_names=cams, use_camera_obs=bool(cams),
+                          camera_heights=self.cfg.image_size, camera_widths=self.cfg.image_size,
+                          ignore_done=True, hard_reset=not self.cfg.soft_reset)
+            if cams:
+                env = self._env_cls(**kwargs)
+            else:
+                # Without cameras no offscreen render context is opened: it costs ~0.5 GB per env on
+                # llvmpipe, half of a state-only env's memory. render_frame() still works: robosuite's
+                # sim.render opens one when a frame is first asked for.
+                from libero.libero.envs.env_wrapper import ControlEnv
+
+                env = ControlEnv(has_renderer=False, has_offscreen_renderer=False, **kwargs)
         self._envs[task_id] = env   # most recently used last
         return env
 
@@ -237,18 +282,55 @@ class LiberoSingleEnv:
         return episode_of(index, self.task_ids, self.init_state_ids)
 
     def reset_to(self, task_id: int, init_state_id: int) -> dict:
-        """Start the episode of task ``task_id`` from its fixed init state ``init_state_id``."""
-        states = self.init_states(task_id)
-        if not 0 <= init_state_id < len(states):
-            raise ValueError(f"init_state_id {init_state_id} out of range: task {task_id} of "
-                             f"{self.cfg.suite} has {len(states)} init states")
+        """Start the episode of task ``task_id`` from its fixed init state ``init_state_id`` (with
+        ``init_states="sampled"``: from its sampled placement number ``init_state_id``)."""
+        sampled = self.cfg.init_states == "sampled"
+        if sampled:
+            if init_state_id < 0:
+                raise ValueError(f"placement number {init_state_id} must be >= 0")
+            states = None
+        else:
+            states = self.init_states(task_id)
+            if not 0 <= init_state_id < len(states):
+                raise ValueError(f"init_state_id {init_state_id} out of range: task {task_id} of "
+                                 f"{self.cfg.suite} has {len(states)} init states")
         env = self._task_env(task_id)
-        # Fixture placement (cabinet, stove, ...: bodies without joints) is not part of LIBERO's init
-        # states: every reset, hard or soft, redraws it (within ~2 cm and some rotation) from numpy's
-        # *global* RNG, so in the official scripts it depends on how many resets came before. Seed it
-        # from the episode's identity so that an episode is reproducible, then restore the global RNG.
+        # The cameras are off while objects settle (rendering is ~90 % of a step's time on a CPU), then
+        # every observable is sampled once at the settled state.
+        self._enable_cameras(env, False)
+        try:
+            if sampled:
+                self._place_sampled(env, task_id, init_state_id)
+            else:
+                self._seeded_reset(env, f"{self.cfg.suite}/{task_id}/{init_state_id}")
+                env.set_init_state(states[init_state_id])
+                for _ in range(self.cfg.num_settle_steps):
+                    env.step(NOOP)
+        finally:
+            self._enable_cameras(env, True)
+        raw = env.env._get_observations(force_update=True)
+        self._env, self._raw = env, raw
+        self.task_id, self.init_state_id = task_id, init_state_id
+        self.instruction = self.instruction_of(task_id)
+        self._t, self._done = 0, False
+        inner = env.env
+        if self.cfg.state_mode == "robot+objects":
+            names = list(inner.parsed_problem["obj_of_interest"])[:self.cfg.state_objects]
+            self._objects = [inner.obj_body_id[n] for n in names]
+        if self.cfg.reward == "shaped":
+            self._shaping = Shaping(inner)
+        return self._obs()
+
+    @staticmethod
+    def _seeded_reset(env, key: str) -> None:
+        """``env.reset()`` with numpy's global RNG seeded from ``key``, then restored.
+
+        Fixture placement (cabinet, stove, ...: bodies without joints) is not part of LIBERO's init states:
+        every reset, hard or soft, redraws it (within ~2 cm and some rotation) from numpy's *global* RNG, so in
+        the official scripts it depends on how many resets came before. Seeding it from the episode's identity
+        makes an episode reproducible. LIBERO's object samplers draw from the same RNG."""
         rng_state = np.random.get_state()
-        np.random.seed(zlib.crc32(f"{self.cfg.suite}/{task_id}/{init_state_id}".encode()))
+        np.random.seed(zlib.crc32(key.encode()))
         try:
             env.reset()
         finally:
@@ -257,21 +339,30 @@ class LiberoSingleEnv:
         # reset clears; left over, the first steps of an episode would depend on the previous one.
         for robot in env.robots:
             robot.gripper.current_action = np.zeros_like(robot.gripper.current_action)
-        # The cameras are off while objects settle (rendering is ~90 % of a step's time on a CPU), then
-        # every observable is sampled once at the settled state.
-        self._enable_cameras(env, False)
-        try:
-            env.set_init_state(states[init_state_id])
-            for _ in range(self.cfg.num_settle_steps):
+
+    def _place_sampled(self, env, task_id: int, number: int) -> None:
+        """Draw placement ``number`` of the task's objects from its BDDL regions and let it settle.
+
+        LIBERO's samplers keep objects apart by a radius only, so some draws overlap and the physics throws an
+        object aside or tips it over as it settles (LIBERO's shipped init states have no such cases). A draw
+        in which any object moved more than SAMPLED_MAX_SHIFT in the table plane, or tilted more than
+        SAMPLED_MAX_TILT, while settling is replaced by the next draw of the same number."""
+        inner = env.env
+        bodies = [inner.obj_body_id[n] for n in inner.objects_dict]
+        data = inner.sim.data
+        for attempt in range(SAMPLED_ATTEMPTS):
+            self._seeded_reset(env, f"{self.cfg.suite}/{task_id}/sampled/{number}/{attempt}")
+            pos = np.array([data.body_xpos[b][:2] for b in bodies])
+            up = np.array([np.asarray(data.body_xmat[b]).reshape(3, 3)[:, 2] for b in bodies])
+            for _ in range(SAMPLED_SETTLE_STEPS + self.cfg.num_settle_steps):
                 env.step(NOOP)
-        finally:
-            self._enable_cameras(env, True)
-        raw = env.env._get_observations(force_update=True)
-        self._env, self._raw = env, raw
-        self.task_id, self.init_state_id = task_id, init_state_id
-        self.instruction = self.instruction_of(task_id)
-        self._t, self._done = 0, False
-        return self._obs()
+            shift = np.linalg.norm(np.array([data.body_xpos[b][:2] for b in bodies]) - pos, axis=1)
+            up_now = np.array([np.asarray(data.body_xmat[b]).reshape(3, 3)[:, 2] for b in bodies])
+            tilt = np.arccos(np.clip((up * up_now).sum(1), -1.0, 1.0))
+            if (shift < SAMPLED_MAX_SHIFT).all() and (tilt < SAMPLED_MAX_TILT).all():
+                return
+        raise RuntimeError(f"{self.cfg.suite} task {task_id}: no stable placement in {SAMPLED_ATTEMPTS} draws of "
+                           f"placement {number}")
 
     def _enable_cameras(self, env, on: bool) -> None:
         for c in self.cfg.cameras:
@@ -287,8 +378,15 @@ class LiberoSingleEnv:
             images = np.stack([self._orient(raw[CAMERAS[c][1]]) for c in self.cfg.cameras])
         else:
             images = np.zeros((0, s, s, 3), np.uint8)
-        state = np.concatenate([raw["robot0_eef_pos"], quat_to_axis_angle(raw["robot0_eef_quat"]),
-                                raw["robot0_gripper_qpos"]]).astype(np.float32)
+        parts = [raw["robot0_eef_pos"], quat_to_axis_angle(raw["robot0_eef_quat"]), raw["robot0_gripper_qpos"]]
+        if self.cfg.state_mode == "robot+objects":
+            data = self._env.env.sim.data
+            objects = np.zeros((self.cfg.state_objects, OBJECT_STATE_DIM))
+            for k, body in enumerate(self._objects):
+                mat = np.asarray(data.body_xmat[body]).reshape(3, 3)
+                objects[k] = np.r_[data.body_xpos[body], mat[:, 0], mat[:, 1]]
+            parts.append(objects.ravel())
+        state = np.concatenate(parts).astype(np.float32)
         return {"images": images, "state": state, "instruction": self.instruction}
 
     def step(self, action: np.ndarray) -> tuple[dict, float, bool, bool, bool]:
@@ -305,6 +403,8 @@ class LiberoSingleEnv:
         self._raw = raw
         self._t += 1
         success = bool(success)
+        if self._shaping is not None:
+            reward = float(reward) + self.cfg.shaping_scale * self._shaping.step()
         truncated = not success and self._t >= self.spec.max_episode_steps
         self._done = success or truncated
         return self._obs(), float(reward), success, truncated, success
@@ -315,9 +415,13 @@ class LiberoSingleEnv:
             raise RuntimeError("nothing to render before the first reset()")
         if self.cfg.cameras:
             return np.concatenate(list(self._obs()["images"]), axis=1)
-        s = self.cfg.image_size
-        return np.ascontiguousarray(self._orient(self._env.sim.render(width=s, height=s,
-                                                                      camera_name="agentview")))
+        s, sim = self.cfg.image_size, self._env.sim
+        if sim._render_context_offscreen is None:   # a state-only env opens its render context on demand
+            from robosuite.utils.binding_utils import MjRenderContextOffscreen
+
+            ctx = MjRenderContextOffscreen(sim, device_id=-1)   # registers itself with sim
+            ctx.vopt.geomgroup[0], ctx.vopt.geomgroup[1] = 0, 1  # visual meshes, as robosuite's renderer
+        return np.ascontiguousarray(self._orient(sim.render(width=s, height=s, camera_name="agentview")))
 
     def close(self) -> None:
         for env in self._envs.values():

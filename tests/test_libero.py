@@ -137,7 +137,13 @@ def test_indexed_reset_plays_the_numbered_episode(env):
     try:
         a = indexed.reset(seed=2)
         assert (indexed.task_id, indexed.init_state_id) == (0, 2)
-        assert np.array_equal(a["state"], env.reset_to(0, 2)["state"])
+        b = env.reset_to(0, 2)
+        assert np.array_equal(a["state"], b["state"])     # the camera env and the state-only one agree
+        # State-only: no render context until a frame is asked for (it costs ~0.5 GB per env); then the same
+        # agentview image as the camera env's.
+        assert indexed._env.sim._render_context_offscreen is None
+        frame = indexed.render_frame()
+        assert frame.shape == (128, 128, 3) and np.abs(frame.astype(int) - b["images"][0].astype(int)).mean() < 0.5
         indexed.reset()                    # None: the next episode, wrapping to the first
         assert (indexed.task_id, indexed.init_state_id) == (0, 0)
     finally:

@@ -303,6 +303,7 @@ def test_images_framed_and_oriented_like_the_cpu_adapter(libero):
 
     single, scene = libero
     single.reset_to(0, 0)
+    single.render_frame()   # a state-only env opens its render context on demand
     s = 64
     cpu = [single._orient(single._env.sim.render(width=s, height=s, camera_name=CAMERAS[c][0]))
            for c in ("agentview", "wrist")]

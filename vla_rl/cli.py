@@ -184,12 +184,23 @@ def _collect(args) -> int:
     from vla_rl.data.collect import CollectConfig, collect_dataset
 
     if args.kind == "libero":
-        from vla_rl.data.libero_demos import LiberoRecordConfig, record_libero_dataset
+        from vla_rl.data.libero_demos import (
+            CAMERA_FEATURES,
+            LiberoRecordConfig,
+            record_libero_dataset,
+            report_table,
+        )
 
         lcfg = from_dict(LiberoRecordConfig, parse_overrides(args.overrides))
-        path = record_libero_dataset(args.out, lcfg, overwrite=args.overwrite, progress=not args.no_progress)
-        print(f"wrote {len(lcfg.task_ids) * lcfg.episodes_per_task} LIBERO {lcfg.policy}-policy episodes as a "
-              f"LeRobot v3.0 dataset (LIBERO layout: image, wrist_image, state, actions) to {path}")
+        path, report = record_libero_dataset(args.out, lcfg, overwrite=args.overwrite, progress=not args.no_progress)
+        kept = sum(r["succeeded"] for r in report)
+        if lcfg.policy == "expert":
+            print(report_table(report))
+        short = f" (of {len(lcfg.task_ids) * lcfg.episodes_per_task} asked for)" if \
+            kept < len(lcfg.task_ids) * lcfg.episodes_per_task else ""
+        features = ", ".join([*(CAMERA_FEATURES[c] for c in lcfg.cameras), "state", "actions"])
+        print(f"wrote {kept} LIBERO {lcfg.policy}-policy episodes{short} as a LeRobot v3.0 dataset (LIBERO "
+              f"layout: {features}) to {path}")
         return 0
     cfg = from_dict(CollectConfig, parse_overrides(args.overrides))
     from vla_rl.data.lerobot import read_lerobot_info
@@ -367,10 +378,13 @@ def build_parser() -> argparse.ArgumentParser:
                                      "env.layout=shuffled env.control=delta ... KIND maniskill: ManiSkill's "
                                      "motion planner, converted to pd_ee_delta_pose; overrides task=PushCube-v1 "
                                      "episodes=100 seed=0 obs_mode=state|rgb image_size=64 max_episode_steps=... "
-                                     "KIND libero: random-policy "
-                                     "LIBERO episodes in the LIBERO layout; overrides suite=libero_spatial "
-                                     "task_ids=[0] episodes_per_task=2 max_episode_steps=50 image_size=256")
-    col.add_argument("kind", help="builtin (scripted expert), maniskill (motion planner), libero (random policy)")
+                                     "KIND libero: LIBERO episodes in the LIBERO layout of the scripted expert "
+                                     "(policy=expert: successes only) or a random policy; overrides "
+                                     "suite=libero_spatial task_ids=[0] episodes_per_task=2 policy=expert|random "
+                                     "init_states=fixed|sampled cameras=[agentview,wrist] image_size=256 "
+                                     "state_mode=robot|robot+objects max_episode_steps=...")
+    col.add_argument("kind", help="builtin (scripted expert), maniskill (motion planner), libero (scripted expert "
+                                  "or random policy)")
     col.add_argument("out", help="dataset folder to write; one that holds anything is refused unless --overwrite "
                                  "(an earlier dataset is then replaced atomically once the new one is complete)")
     col.add_argument("overrides", nargs="*", help="config overrides key.sub=value")

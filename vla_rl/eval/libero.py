@@ -3,9 +3,9 @@
 The official protocol itself is ``vla-rl bench CHECKPOINT --suite libero_spatial`` (:mod:`vla_rl.eval.bench`):
 every task, its first 50 fixed initial states, the suite's step limit, through the one evaluation loop.
 
-The checkpoint must fit LIBERO: state D = 8, action A = 7 (or a model padded wider, with no env dims
-recorded), one camera (``agentview``) or two (``agentview``, ``wrist``), and the images are rendered at
-the model's image size.
+The checkpoint must fit LIBERO: state D = 8 (``state_mode="robot"``; more with the objects' poses), action
+A = 7 (or a model padded wider, with no env dims recorded), no camera, one (``agentview``) or two
+(``agentview``, ``wrist``), and the images are rendered at the model's image size.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import fields
 from vla_rl.checkpoint.folders import CheckpointError
 from vla_rl.config import ConfigError, from_dict
 from vla_rl.env_factory import EnvConfig
-from vla_rl.envs.libero import ACTION_DIM, STATE_DIM, LiberoConfig
+from vla_rl.envs.libero import ACTION_DIM, LiberoConfig
 
 OFFICIAL_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10")
 CAMERA_SETS = {0: (), 1: ("agentview",), 2: ("agentview", "wrist")}   # model cameras -> LIBERO cameras (0: state only)
@@ -23,7 +23,10 @@ CAMERA_SETS = {0: (), 1: ("agentview",), 2: ("agentview", "wrist")}   # model ca
 DATASET_ORIENTATION = "rot180"
 
 
-PROTOCOL_KEYS = ("suite", "task_ids", "init_state_ids", "episode_order")
+PROTOCOL_KEYS = ("suite", "task_ids", "init_state_ids", "episode_order", "init_states")
+# Training settings of a LIBERO run that an evaluation does not take over: the protocol's own keys, the step
+# limit (official unless overridden) and the reward (success is LIBERO's predicate either way).
+NOT_INHERITED = (*PROTOCOL_KEYS, "max_episode_steps", "reward", "shaping_scale")
 
 
 def libero_env_config(config: dict, model_cfg, env_overrides: dict | None = None,
@@ -31,33 +34,40 @@ def libero_env_config(config: dict, model_cfg, env_overrides: dict | None = None
     """The LIBERO env config for a checkpoint: the ``env.libero`` (or ``env.libero_warp``) settings of the LIBERO env
     it was trained on (``train_env``, else the checkpoint's ``env_config``), else the datasets' orientation ``rot180``;
     then ``env_overrides``; checked against the model's inputs. The protocol's own keys (suite, tasks, init
-    states, episode order) and the step limit (official unless ``env_overrides`` sets one) are not taken over.
+    states, episode order), the step limit (official unless ``env_overrides`` sets one) and the reward are not
+    taken over.
 
     Raises :class:`CheckpointError` when the checkpoint cannot act in LIBERO (state / action dims,
     number of cameras, image size).
     """
     env_meta = config.get("env") if isinstance(config.get("env"), dict) else {}
     name = env_meta.get("name") or env_meta.get("kind") or "unknown env"
-    dims = env_meta.get("state_dim"), env_meta.get("action_dim")
-    if dims != (None, None) and dims != (STATE_DIM, ACTION_DIM):
-        raise CheckpointError(f"checkpoint was trained for state {dims[0]} / action {dims[1]} ({name}); LIBERO "
-                              f"needs state {STATE_DIM} / action {ACTION_DIM}")
-    if model_cfg.state_dim < STATE_DIM or model_cfg.action_dim < ACTION_DIM:
-        raise CheckpointError(f"the model has state/action dims {model_cfg.state_dim}/{model_cfg.action_dim}; "
-                              f"LIBERO needs at least {STATE_DIM}/{ACTION_DIM}")
     base: dict = {"image_orientation": DATASET_ORIENTATION}
     train_env = train_env or config.get("env_config")
     kind = train_env.get("kind") if isinstance(train_env, dict) else None
     if kind in ("libero", "libero_warp"):   # a policy trained on either backend sees the same observations
         own = {f.name for f in fields(LiberoConfig)}
         base = {k: v for k, v in (EnvConfig.upgrade(train_env).get(kind) or {}).items()
-                if k in own and k not in ("suite", "task_ids", "init_state_ids", "max_episode_steps")}
+                if k in own and k not in NOT_INHERITED}
     env_overrides = dict(env_overrides or {})
     fixed = [k for k in PROTOCOL_KEYS if k in env_overrides]
     if fixed:
         raise ConfigError(f"env.{fixed[0]} is set by the protocol; choose suites and tasks with --suite / tasks=, "
                           "init states with episodes=")
     opts = {**base, **env_overrides}
+    try:
+        probe = from_dict(LiberoConfig, {k: v for k, v in opts.items() if k in ("state_mode", "state_objects")},
+                          prefix="env")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    state_dim = probe.state_dim
+    dims = env_meta.get("state_dim"), env_meta.get("action_dim")
+    if dims != (None, None) and dims != (state_dim, ACTION_DIM):
+        raise CheckpointError(f"checkpoint was trained for state {dims[0]} / action {dims[1]} ({name}); LIBERO "
+                              f"needs state {state_dim} / action {ACTION_DIM}")
+    if model_cfg.state_dim < state_dim or model_cfg.action_dim < ACTION_DIM:
+        raise CheckpointError(f"the model has state/action dims {model_cfg.state_dim}/{model_cfg.action_dim}; "
+                              f"LIBERO needs at least {state_dim}/{ACTION_DIM}")
     n_cams = model_cfg.num_cameras
     if "cameras" not in opts:
         if n_cams not in CAMERA_SETS:
@@ -68,7 +78,7 @@ def libero_env_config(config: dict, model_cfg, env_overrides: dict | None = None
         raise CheckpointError(f"env.cameras={list(opts['cameras'])} gives {len(opts['cameras'])} camera(s), the "
                               f"model takes {n_cams}")
     size = model_cfg.vision.image_size
-    if opts.setdefault("image_size", size) != size:
+    if n_cams and opts.setdefault("image_size", size) != size:
         raise CheckpointError(f"env.image_size={opts['image_size']}, but the model takes {size}px images")
     try:
         return from_dict(LiberoConfig, opts, prefix="env")

@@ -1,0 +1,494 @@
+"""A scripted expert for LIBERO's tasks: privileged simulator state in, a 7-d OSC_POSE action out.
+
+The expert reads the task's goal (the BDDL problem's goal predicates, ``parsed_problem["goal_state"]``) and
+the scene (end-effector pose, gripper fingers, every object's pose and collision bounding box, the
+regions' sites, the articulated objects' joints), turns the goal into primitives (pick-and-place into or
+onto a target; open / close a drawer; turn a knob) and follows each primitive as a sequence of waypoints
+through LIBERO's own controller: robosuite's OSC_POSE with delta commands, ``[dx, dy, dz]`` scaled by 0.05 m
+and ``[rx, ry, rz]`` (axis-angle, world frame) by 0.5 rad per step, gripper -1 open / +1 close.
+
+It is split so that other simulators of the same scenes can reuse it:
+
+- :class:`Scene` is plain numpy (world frame): :func:`read_scene` fills it from a robosuite LIBERO env,
+  another backend (MuJoCo Warp) can fill it from its own arrays.
+- :func:`plan_goal` maps goal predicates to primitives, :class:`LiberoExpert` maps (primitive, scene) to an
+  action. Both are pure given their inputs; the expert's only state is the phase it is in and a step
+  counter, and its random draws (waypoint jitter, for varied demonstrations) come from its own seed.
+
+Glossary: world frame z up; the grip site is the point between the fingertips; the closing axis is the
+direction the fingers move along (the grip site's x axis).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+POS_SCALE, ROT_SCALE = 0.05, 0.5      # OSC_POSE output_max: metres / radians per unit action
+OPEN, CLOSE = -1.0, 1.0
+CORNERS = np.array([[i, j, k] for i in (-1, 1) for j in (-1, 1) for k in (-1, 1)], dtype=float)
+MAX_OPENING = 0.075                   # the Panda's fingers open ~8 cm; wider objects are grasped by a rim
+FINGER_BELOW = 0.005                  # the finger pads reach ~4.5 mm below the grip site
+
+
+# ---------------------------------------------------------------------------------------------- scene
+@dataclass(frozen=True)
+class Body:
+    """An object (or fixture) of the scene: its root body's pose and its collision geometry's world box."""
+
+    pos: np.ndarray                  # [3] root body position
+    mat: np.ndarray                  # [3, 3] root body orientation
+    lo: np.ndarray                   # [3] world axis-aligned bounding box of its collision geoms
+    hi: np.ndarray
+    local_half: np.ndarray           # [3] half extents of that box in the body's own frame
+
+    @property
+    def center(self) -> np.ndarray:
+        return (self.lo + self.hi) / 2
+
+
+@dataclass(frozen=True)
+class Site:
+    """A region of the scene (LIBERO's sites: a box of half-size ``size`` at ``pos``, oriented by ``mat``)."""
+
+    pos: np.ndarray
+    mat: np.ndarray
+    size: np.ndarray
+    parent: str | None = None        # the object the region belongs to (basket_1_contain_region -> basket_1)
+
+
+@dataclass(frozen=True)
+class Scene:
+    """Privileged state of one LIBERO scene, world frame."""
+
+    eef_pos: np.ndarray              # [3] grip site
+    eef_mat: np.ndarray              # [3, 3] grip site orientation (the OSC controller's frame)
+    gripper_qpos: np.ndarray         # [2] finger joints (open ~ +-0.04, closed on nothing ~ 0)
+    bodies: dict[str, Body] = field(default_factory=dict)
+    sites: dict[str, Site] = field(default_factory=dict)
+    joints: dict[str, np.ndarray] = field(default_factory=dict)   # articulated object -> its joints' qpos
+    # World boxes of every collision geom of the objects and fixtures (not the robot, not the table), and the
+    # object each belongs to: what a gripper must not run into. Empty when read for a few objects only.
+    geom_lo: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
+    geom_hi: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
+    geom_owner: tuple[str, ...] = ()
+
+    @property
+    def gripper_opening(self) -> float:
+        return float(self.gripper_qpos[0] - self.gripper_qpos[1])
+
+
+def read_scene(env, names=None) -> Scene:
+    """The :class:`Scene` of a LIBERO robosuite env (``OffScreenRenderEnv(...).env`` or the env itself); with
+    ``names``, only those objects (and no joints)."""
+    import mujoco
+
+    env = getattr(env, "env", env)
+    m, d = env.sim.model._model, env.sim.data._data
+    site = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_SITE, "gripper0_grip_site")
+    fingers = [m.jnt_qposadr[mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_JOINT, f"gripper0_finger_joint{i}")]
+               for i in (1, 2)]
+    wanted = {bid: name for name, bid in env.obj_body_id.items() if names is None or name in names}
+    collide = (m.geom_contype != 0) | (m.geom_conaffinity != 0)
+    root_of_geom = m.body_rootid[m.geom_bodyid]
+    geoms = np.flatnonzero(collide & np.isin(root_of_geom, list(wanted)))
+    roots = root_of_geom[geoms]
+    # the 8 corners of every such geom's box, in the world: [G, 8, 3]
+    pts = d.geom_xpos[geoms, None, :] + np.einsum(
+        "gkj,gij->gki", m.geom_aabb[geoms, None, :3] + m.geom_aabb[geoms, None, 3:] * CORNERS[None],
+        d.geom_xmat[geoms].reshape(-1, 3, 3))
+    bodies = {}
+    for bid, name in wanted.items():
+        pos, mat = d.xpos[bid].copy(), d.xmat[bid].reshape(3, 3).copy()
+        mine = pts[roots == bid].reshape(-1, 3)
+        if len(mine):
+            local = (mine - pos) @ mat
+            lo, hi, half = mine.min(0), mine.max(0), (local.max(0) - local.min(0)) / 2
+        else:
+            lo = hi = pos
+            half = np.zeros(3)
+        bodies[name] = Body(pos=pos, mat=mat, lo=lo, hi=hi, local_half=half)
+    sites = {}
+    for name, obj in env.object_sites_dict.items():
+        sid = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_SITE, name)
+        if sid < 0 or obj.size is None:
+            continue
+        sites[name] = Site(pos=d.site_xpos[sid].copy(), mat=d.site_xmat[sid].reshape(3, 3).copy(),
+                           size=np.asarray(obj.size, dtype=float), parent=getattr(obj, "parent_name", None))
+    joints = {}
+    for name in env.obj_body_id if names is None else ():
+        qpos = []
+        for joint in getattr(env.get_object(name), "joints", None) or []:
+            jid = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_JOINT, joint)
+            if jid >= 0 and m.jnt_type[jid] != mujoco.mjtJoint.mjJNT_FREE:
+                qpos.append(d.qpos[m.jnt_qposadr[jid]])
+        if qpos:
+            joints[name] = np.asarray(qpos, dtype=float)
+    geom_lo = geom_hi = np.zeros((0, 3))
+    owners: tuple[str, ...] = ()
+    if names is None:
+        geom_lo, geom_hi = pts.min(1), pts.max(1)
+        owners = tuple(wanted[r] for r in roots)
+    return Scene(eef_pos=d.site_xpos[site].copy(), eef_mat=d.site_xmat[site].reshape(3, 3).copy(),
+                 gripper_qpos=np.array([d.qpos[a] for a in fingers]), bodies=bodies, sites=sites, joints=joints,
+                 geom_lo=geom_lo, geom_hi=geom_hi, geom_owner=owners)
+
+
+# ---------------------------------------------------------------------------------------------- rotations
+def rot_z(angle: float) -> np.ndarray:
+    c, s = math.cos(angle), math.sin(angle)
+    return np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
+
+
+def rotation_log(r: np.ndarray) -> np.ndarray:
+    """Axis * angle ``[3]`` of a rotation matrix (angle in [0, pi])."""
+    cos = min(max((np.trace(r) - 1.0) / 2.0, -1.0), 1.0)
+    angle = math.acos(cos)
+    if angle < 1e-9:
+        return np.zeros(3)
+    anti = np.array([r[2, 1] - r[1, 2], r[0, 2] - r[2, 0], r[1, 0] - r[0, 1]])   # 2 sin(angle) axis
+    if math.pi - angle < 1e-4:       # near a half turn: the axis from the symmetric part, its sign from anti
+        axis = np.sqrt(np.clip((np.diag(r) + 1.0) / 2.0, 0.0, None))
+        k = int(np.argmax(axis))
+        axis = axis * np.sign(np.where(np.arange(3) == k, 1.0, r[k] + r[:, k]))
+        if axis @ anti < 0:
+            axis = -axis
+        return axis / np.linalg.norm(axis) * angle
+    return anti / (2.0 * math.sin(angle)) * angle
+
+
+def down_orientation(yaw: float) -> np.ndarray:
+    """Grip-site orientation pointing straight down whose closing axis (x) points along ``yaw`` in the
+    table plane."""
+    x = np.array([math.cos(yaw), math.sin(yaw), 0.0])
+    z = np.array([0.0, 0.0, -1.0])
+    return np.stack([x, np.cross(z, x), z], axis=1)
+
+
+def closing_yaw(mat: np.ndarray) -> float:
+    """The yaw of the closing axis (grip site x) of orientation ``mat``."""
+    return math.atan2(mat[1, 0], mat[0, 0])
+
+
+def nearest_yaw(yaw: float, reference: float, period: float = math.pi) -> float:
+    """``yaw`` shifted by a multiple of ``period`` to lie closest to ``reference`` (a parallel gripper is
+    symmetric under half turns)."""
+    return yaw + period * round((reference - yaw) / period)
+
+
+def pose_action(eef_pos: np.ndarray, eef_mat: np.ndarray, target_pos: np.ndarray, target_mat: np.ndarray,
+                gripper: float, *, gain: float = 1.0, rot_gain: float = 1.0, max_pos: float = 1.0,
+                max_rot: float = 1.0) -> np.ndarray:
+    """The OSC_POSE delta action ``[7]`` moving the grip site towards ``(target_pos, target_mat)``: the
+    position error in units of the controller's 0.05 m step, times ``gain``, limited to ``max_pos`` per axis
+    (per axis, so that a blocked descent does not stall a sideways correction); the rotation error
+    (world-frame axis-angle, as the controller applies it: ``R_goal = R(delta) R``) in units of 0.5 rad,
+    times ``rot_gain``, limited to ``max_rot`` per axis."""
+    dp = np.clip(gain * (np.asarray(target_pos) - eef_pos) / POS_SCALE, -max_pos, max_pos)
+    dr = np.clip(rot_gain * rotation_log(np.asarray(target_mat) @ eef_mat.T) / ROT_SCALE, -max_rot, max_rot)
+    return np.concatenate([np.clip(dp, -1.0, 1.0), np.clip(dr, -1.0, 1.0), [gripper]])
+
+
+# ---------------------------------------------------------------------------------------------- goals
+@dataclass(frozen=True)
+class PickPlace:
+    """Pick ``obj`` up and put it ``relation`` (``on`` / ``in``) ``target`` (an object or a region)."""
+
+    obj: str
+    target: str
+    relation: str = "on"
+
+
+Primitive = PickPlace
+
+
+class UnsupportedGoal(ValueError):
+    """A goal predicate the expert has no primitive for."""
+
+
+def plan_goal(goal: list, scene: Scene) -> list[Primitive]:
+    """Primitives achieving the BDDL goal ``goal`` (``parsed_problem["goal_state"]``: a list of predicates
+    such as ``["on", "akita_black_bowl_1", "plate_1"]``), in the order given."""
+    out: list[Primitive] = []
+    for pred in goal:
+        name = str(pred[0]).lower()
+        if name in ("on", "in") and len(pred) == 3:
+            obj, target = str(pred[1]), str(pred[2])
+            if obj not in scene.bodies:
+                raise UnsupportedGoal(f"{name} {obj} {target}: {obj} is not a movable object of the scene")
+            if target not in scene.bodies and target not in scene.sites:
+                raise UnsupportedGoal(f"{name} {obj} {target}: unknown target {target}")
+            out.append(PickPlace(obj, target, name))
+        else:
+            raise UnsupportedGoal(f"no primitive for the goal predicate {pred}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- grasps
+def upright_axes(body: Body) -> tuple[int, list[int]]:
+    """(index of the body axis closest to vertical, the two other axes)."""
+    vert = int(np.argmax(np.abs(body.mat[2])))
+    return vert, [i for i in range(3) if i != vert]
+
+
+def gripper_boxes(pos: np.ndarray, yaw: float) -> list[tuple[np.ndarray, np.ndarray]]:
+    """World boxes (lo, hi) around the fingers and the hand of a downward gripper with its grip site at
+    ``pos`` and closing axis at ``yaw``, up to the pre-grasp height: what must be free to grasp there."""
+    u = np.array([math.cos(yaw), math.sin(yaw), 0.0])
+    v = np.array([-u[1], u[0], 0.0])
+    out = []
+    for along, across, z0, z1 in ((0.045, 0.012, -FINGER_BELOW, 0.03), (0.10, 0.035, 0.03, 0.15)):
+        corners = np.array([pos + a * along * u + b * across * v for a in (-1, 1) for b in (-1, 1)])
+        lo, hi = corners.min(0), corners.max(0)
+        out.append((np.r_[lo[:2], pos[2] + z0], np.r_[hi[:2], pos[2] + z1]))
+    return out
+
+
+def collisions(scene: Scene, boxes, skip: str) -> int:
+    """How many of the scene's obstacle geoms (except those of ``skip``) overlap any of ``boxes``."""
+    if not len(scene.geom_owner):
+        return 0
+    mine = np.array([o == skip for o in scene.geom_owner])
+    hit = np.zeros(len(mine), dtype=bool)
+    for lo, hi in boxes:
+        hit |= np.all((scene.geom_lo < hi) & (scene.geom_hi > lo), axis=1)
+    return int((hit & ~mine).sum())
+
+
+def grasp_pose(body: Body, eef_pos: np.ndarray, eef_yaw: float, scene: Scene | None = None,
+               name: str = "") -> tuple[np.ndarray, float]:
+    """Where the grip site goes to grasp ``body`` (called ``name`` in ``scene``) from above, and the closing
+    axis' yaw there.
+
+    An object narrower than the fingers' opening is grasped at its box centre, closing across its narrow
+    horizontal side, near its top (at most 3 cm down, not below 1 cm above its bottom). A wider one (a bowl)
+    is grasped by its rim, closing radially, on the side facing the gripper among those where the fingers and
+    the hand run into no other geom of ``scene`` (a bowl in a drawer is taken from the open side)."""
+    _, horiz = upright_axes(body)
+    widths = 2.0 * body.local_half[horiz]
+    height = float(body.hi[2] - body.lo[2])
+    center = body.center
+    if widths.min() <= MAX_OPENING - 0.012:
+        axis = body.mat[:, horiz[int(np.argmin(widths))]]
+        yaw = math.atan2(axis[1], axis[0])
+        z = max(body.lo[2] + FINGER_BELOW + 0.005, body.hi[2] - min(0.03, 0.5 * height))
+        return np.array([center[0], center[1], z]), nearest_yaw(yaw, eef_yaw)
+    radius = float(widths.min()) / 2.0
+    z = max(body.lo[2] + FINGER_BELOW + 0.005, body.hi[2] - 0.02)
+    toward = eef_pos[:2] - center[:2]
+    facing = math.atan2(toward[1], toward[0]) if np.linalg.norm(toward) > 1e-6 else math.pi
+    best = None
+    for k in range(16):
+        yaw = facing + (math.pi / 8) * ((k + 1) // 2) * (1 if k % 2 else -1)
+        pos = np.r_[center[:2] + (radius - 0.015) * np.array([math.cos(yaw), math.sin(yaw)]), z]
+        hits = collisions(scene, gripper_boxes(pos, yaw), name) if scene is not None else 0
+        if best is None or hits < best[0]:
+            best = (hits, pos, yaw)
+        if hits == 0:
+            break
+    _, pos, yaw = best
+    return pos, nearest_yaw(yaw, eef_yaw)
+
+
+def support_height(scene: Scene, target: str, relation: str) -> tuple[np.ndarray, float]:
+    """(xy the object's body must reach, height of the surface it is put down on) for ``target``."""
+    if target in scene.sites:
+        site = scene.sites[target]
+        half = np.abs(site.mat @ site.size)
+        if relation == "in":    # a container's region: its floor
+            return site.pos[:2].copy(), float(site.pos[2] - half[2])
+        return site.pos[:2].copy(), float(site.pos[2] + half[2])
+    body = scene.bodies[target]
+    return body.pos[:2].copy(), float(body.hi[2])
+
+
+def corridor_top(scene: Scene, start: np.ndarray, end: np.ndarray, margin: float, skip: set[str]) -> float:
+    """The highest top of the bodies (except ``skip``) whose boxes, widened by ``margin``, lie on the straight
+    path from ``start`` to ``end`` (xy)."""
+    top = -np.inf
+    pts = start[None, :2] + np.linspace(0.0, 1.0, 25)[:, None] * (end[:2] - start[:2])[None]
+    for name, b in scene.bodies.items():
+        if name in skip:
+            continue
+        inside = np.all((pts > b.lo[:2] - margin) & (pts < b.hi[:2] + margin), axis=1)
+        if inside.any():
+            top = max(top, float(b.hi[2]))
+    return top
+
+
+# ---------------------------------------------------------------------------------------------- expert
+@dataclass(frozen=True)
+class ExpertConfig:
+    """Gains, heights and tolerances of :class:`LiberoExpert`."""
+
+    gain: float = 4.0            # position P gain (error in 5 cm units)
+    max_speed: float = 1.0       # norm limit of the position action
+    hover: float = 0.08          # pre-grasp height above the grasp point
+    clearance: float = 0.05      # carried object's bottom above the obstacles on its path
+    release_gap: float = 0.015   # object bottom above the support surface when it is let go
+    pos_tol: float = 0.008       # waypoint reached (m)
+    yaw_tol: float = 0.08        # rad
+    grasp_steps: int = 12        # steps with the gripper closing before lifting
+    release_steps: int = 8
+    max_phase_steps: int = 80    # a waypoint not reached by then is given up
+    max_retries: int = 2         # new grasps after one that did not lift the object
+    jitter: float = 0.0          # std of seeded waypoint offsets (m), for varied demonstrations
+
+
+class LiberoExpert:
+    """Waypoint expert for a list of primitives (see :func:`plan_goal`).
+
+    ``act(scene)`` returns the next 7-d action; ``status`` is ``running``, ``done`` (every primitive
+    finished) or ``failed`` (a grasp did not hold after ``max_retries`` new tries). Deterministic given the
+    scenes it is shown and ``seed``."""
+
+    def __init__(self, primitives: list[Primitive], config: ExpertConfig | None = None, seed: int = 0):
+        self.primitives = list(primitives)
+        self.cfg = config or ExpertConfig()
+        self.rng = np.random.default_rng(seed)
+        self.status = "running"
+        self.index = 0
+        self.retries = 0
+        self._start("approach")
+
+    # -- bookkeeping
+    def _start(self, phase: str) -> None:
+        self.phase, self.steps = phase, 0
+        self.mem: dict = getattr(self, "mem", {}) if phase != "approach" else {}
+
+    def _jitter(self, n: int) -> np.ndarray:
+        return self.cfg.jitter * self.rng.standard_normal(n) if self.cfg.jitter > 0 else np.zeros(n)
+
+    def _move(self, scene: Scene, pos: np.ndarray, yaw: float, grip: float, max_speed: float | None = None):
+        return pose_action(scene.eef_pos, scene.eef_mat, pos, down_orientation(yaw), grip, gain=self.cfg.gain,
+                           max_pos=self.cfg.max_speed if max_speed is None else max_speed)
+
+    def _reached(self, scene: Scene, pos: np.ndarray, yaw: float | None = None, tol: float | None = None) -> bool:
+        ok = float(np.linalg.norm(scene.eef_pos - pos)) < (tol or self.cfg.pos_tol)
+        if yaw is not None:
+            ok = ok and abs(rotation_log(down_orientation(yaw) @ scene.eef_mat.T)).max() < self.cfg.yaw_tol
+        return ok
+
+    # -- the policy
+    def act(self, scene: Scene) -> np.ndarray:
+        if self.status != "running":
+            return np.array([0.0] * 6 + [OPEN if self.status == "done" else CLOSE])
+        self.steps += 1
+        action = self._pick_place(scene, self.primitives[self.index])
+        return np.clip(action, -1.0, 1.0)
+
+    def _next_primitive(self) -> None:
+        self.index += 1
+        self.retries = 0
+        if self.index >= len(self.primitives):
+            self.status = "done"
+        self._start("approach")
+
+    def _pick_place(self, scene: Scene, p: PickPlace) -> np.ndarray:
+        cfg, mem = self.cfg, self.mem
+        body = scene.bodies[p.obj]
+        yaw_now = closing_yaw(scene.eef_mat)
+        if self.phase == "approach":
+            if "offset" not in mem:
+                mem["offset"] = np.r_[self._jitter(2), 0.0]
+                mem["hover"] = cfg.hover + abs(float(self._jitter(1)[0]))
+                mem["yaw"] = None
+            if "rim" not in mem:     # choose the grasp once, from the scene before any motion
+                mem["rim"] = grasp_pose(body, scene.eef_pos, yaw_now, scene, p.obj)
+            grasp, yaw = self._grasp(scene, body, mem)
+            mem["yaw"] = yaw
+            above = grasp + mem["offset"] + [0.0, 0.0, mem["hover"]]
+            # From low down (after a failed grasp), rise first so the fingers do not sweep the object.
+            low = scene.eef_pos[2] < grasp[2] + 0.5 * mem["hover"]
+            if low and np.linalg.norm(scene.eef_pos[:2] - above[:2]) > 0.02:
+                above = np.r_[scene.eef_pos[:2], above[2]]
+            if self._reached(scene, above, yaw, tol=0.006) or self.steps > cfg.max_phase_steps:
+                self._start("descend")
+            return self._move(scene, above, yaw, OPEN)
+        if self.phase == "descend":
+            grasp, _ = self._grasp(scene, body, mem)
+            target = grasp + mem["offset"]
+            if np.linalg.norm(scene.eef_pos[:2] - target[:2]) > 0.01:    # off to the side: hold the height
+                target = np.r_[target[:2], max(target[2], scene.eef_pos[2])]
+            elif self._reached(scene, target, tol=0.006) or self.steps > 40:
+                mem["grasp_target"] = target
+                self._start("close")
+            return self._move(scene, target, mem["yaw"], OPEN, max_speed=0.6)
+        if self.phase == "close":
+            if self.steps >= cfg.grasp_steps:
+                mem["lift_from"] = body.lo[2]
+                self._start("lift")
+            return self._move(scene, mem["grasp_target"], mem["yaw"], CLOSE)
+        if self.phase == "lift":
+            if "carry_z" not in mem:
+                xy, _ = support_height(scene, p.target, p.relation)
+                top = corridor_top(scene, body.pos, np.r_[xy, 0.0], 0.5 * float(body.hi[0] - body.lo[0]) + 0.02,
+                                   {p.obj})
+                target_top = scene.bodies[p.target].hi[2] if p.target in scene.bodies else \
+                    support_height(scene, p.target, "on")[1]
+                parent = scene.sites[p.target].parent if p.target in scene.sites else None
+                if parent in scene.bodies:
+                    target_top = max(target_top, float(scene.bodies[parent].hi[2]))
+                top = max(top, target_top)
+                below = scene.eef_pos[2] - body.lo[2]         # grip site above the object's bottom
+                mem["carry_z"] = max(top + cfg.clearance + below, scene.eef_pos[2] + 0.08)
+            target = np.r_[mem["grasp_target"][:2], mem["carry_z"]]
+            lifted = body.lo[2] > mem["lift_from"] + 0.03
+            if self.steps > 12 and not lifted and scene.gripper_opening < 0.002:
+                return self._retry(scene)
+            if self._reached(scene, target, tol=0.02) or self.steps > cfg.max_phase_steps:
+                if not lifted:
+                    return self._retry(scene)
+                self._start("carry")
+                mem["carry_z"] = mem["carry_z"]
+            return self._move(scene, target, mem["yaw"], CLOSE)
+        xy, support = support_height(scene, p.target, p.relation)
+        shift = xy - body.pos[:2]                          # move the object's body, not the gripper, over xy
+        if self.phase == "carry":
+            target = np.r_[scene.eef_pos[:2] + shift, mem["carry_z"]]
+            over = np.linalg.norm(shift) < 0.008 and abs(scene.eef_pos[2] - mem["carry_z"]) < 0.03
+            if over or self.steps > 2 * cfg.max_phase_steps:
+                self._start("lower")
+            if body.lo[2] < mem["lift_from"] + 0.01:     # dropped on the way
+                return self._retry(scene)
+            return self._move(scene, target, mem["yaw"], CLOSE, max_speed=0.8)
+        if self.phase == "lower":
+            below = scene.eef_pos[2] - body.lo[2]
+            z = support + cfg.release_gap + below
+            target = np.r_[scene.eef_pos[:2] + shift, z]
+            mem.setdefault("z_hist", []).append(float(body.lo[2]))
+            stalled = len(mem["z_hist"]) > 8 and mem["z_hist"][-8] - mem["z_hist"][-1] < 0.002
+            if (abs(scene.eef_pos[2] - z) < 0.006 and np.linalg.norm(shift) < 0.01) or stalled or \
+                    self.steps > cfg.max_phase_steps:
+                mem["release_at"] = scene.eef_pos.copy()
+                self._start("release")
+            return self._move(scene, target, mem["yaw"], CLOSE, max_speed=0.5)
+        if self.phase == "release":
+            if self.steps >= cfg.release_steps:
+                self._start("retreat")
+            return self._move(scene, mem["release_at"], mem["yaw"], OPEN)
+        if self.phase == "retreat":
+            target = mem["release_at"] + [0.0, 0.0, 0.08]
+            if self._reached(scene, target, tol=0.02) or self.steps > 30:
+                self._next_primitive()
+            return self._move(scene, target, mem["yaw"], OPEN)
+        raise AssertionError(self.phase)
+
+    @staticmethod
+    def _grasp(scene: Scene, body: Body, mem: dict) -> tuple[np.ndarray, float]:
+        """The grasp chosen at the approach, following the object if it moved since (same place relative to
+        its box centre, same yaw)."""
+        pos, yaw = mem["rim"]
+        if "rim_center" not in mem:
+            mem["rim_center"] = body.center.copy()
+        return pos + (body.center - mem["rim_center"]) * np.array([1.0, 1.0, 0.0]), yaw
+
+    def _retry(self, scene: Scene) -> np.ndarray:
+        self.retries += 1
+        if self.retries > self.cfg.max_retries:
+            self.status = "failed"
+            return np.array([0.0] * 6 + [OPEN])
+        self._start("approach")
+        return np.array([0.0, 0.0, 1.0, 0.0, 0.0, 0.0, OPEN])

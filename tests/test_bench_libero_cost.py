@@ -1,0 +1,19 @@
+"""benchmarks/bench_libero_cost.py: one state-only case, a few steps (a LIBERO env is built: ~5-15 s)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from helpers import SKIP_SIMULATORS as SKIP
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = importlib.util.spec_from_file_location("bench_libero_cost", ROOT / "benchmarks" / "bench_libero_cost.py")
+bench = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(bench)
+
+
+@pytest.mark.skipif(SKIP, reason="VLA_RL_SKIP_SIMULATORS=1")
+def test_state_only_case_reports_a_positive_cost():
+    row = bench.measure("none", 3, "libero_spatial", 0)
+    assert row["case"] == "state only"
+    assert 0 < row["cpu_per_step"] < 5 and row["wall_per_s"] > 0 and row["rss_mb"] > 100

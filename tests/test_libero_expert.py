@@ -1,0 +1,211 @@
+"""The LIBERO scripted expert (envs/libero_expert.py), its shaped reward (envs/libero_reward.py) and the adapter's
+expert-facing settings (objects in the state, sampled placements).
+
+The pure parts are tested on hand-made scenes against known answers. The simulator tests need LIBERO like
+tests/test_libero.py: the default suite runs one whole expert episode of a LIBERO-Object and a LIBERO-Spatial
+task from an official init state (state only, ~80-130 steps each); the slow test runs the expert on every task of
+both suites.
+"""
+
+import math
+
+import numpy as np
+import pytest
+from helpers import SKIP_SIMULATORS as SKIP
+
+from vla_rl.envs.libero_expert import (
+    Body,
+    LiberoExpert,
+    PickPlace,
+    Scene,
+    Site,
+    UnsupportedGoal,
+    closing_yaw,
+    corridor_top,
+    down_orientation,
+    grasp_pose,
+    nearest_yaw,
+    plan_goal,
+    pose_action,
+    rot_z,
+    rotation_log,
+)
+from vla_rl.envs.libero_reward import box_distance, held, progress
+
+needs_libero = pytest.mark.skipif(SKIP, reason="VLA_RL_SKIP_SIMULATORS=1")
+
+
+def box(center, half, mat=None):
+    center, half = np.asarray(center, float), np.asarray(half, float)
+    mat = np.eye(3) if mat is None else mat
+    ext = np.abs(mat) @ half
+    return Body(pos=center.copy(), mat=mat, lo=center - ext, hi=center + ext, local_half=half)
+
+
+def scene(eef=(0.0, 0.0, 0.3), opening=0.08, **bodies):
+    return Scene(eef_pos=np.asarray(eef, float), eef_mat=down_orientation(0.0),
+                 gripper_qpos=np.array([opening / 2, -opening / 2]), bodies=bodies,
+                 sites={"bin_region": Site(pos=np.array([0.3, 0.0, 0.05]), mat=np.eye(3),
+                                           size=np.array([0.05, 0.05, 0.05]), parent="bin")})
+
+
+# ---------------------------------------------------------------------------------------------- rotations
+def test_rotation_log_known_answers():
+    assert np.allclose(rotation_log(np.eye(3)), 0)
+    axis = np.array([1.0, -2.0, 2.0]) / 3.0
+    for angle in (0.3, 2.0, math.pi - 1e-6, math.pi):
+        k = np.array([[0, -axis[2], axis[1]], [axis[2], 0, -axis[0]], [-axis[1], axis[0], 0]])
+        r = np.eye(3) + math.sin(angle) * k + (1 - math.cos(angle)) * k @ k   # Rodrigues
+        w = rotation_log(r)
+        assert math.isclose(np.linalg.norm(w), angle, abs_tol=1e-6)
+        # at exactly a half turn, axis and -axis are the same rotation
+        assert np.allclose(w / angle, axis, atol=1e-5) or (angle == math.pi and np.allclose(-w / angle, axis))
+    assert np.allclose(rotation_log(rot_z(0.7)), [0, 0, 0.7])
+
+
+def test_down_orientation_points_down_and_closes_along_yaw():
+    for yaw in (0.0, 1.0, -2.5):
+        r = down_orientation(yaw)
+        assert np.allclose(r.T @ r, np.eye(3)) and math.isclose(np.linalg.det(r), 1.0)
+        assert np.allclose(r[:, 2], [0, 0, -1]) and math.isclose(closing_yaw(r), yaw)
+    # LIBERO's Panda at rest: grip-site x along world y, y along world x, z down (read from the simulator)
+    assert np.allclose(down_orientation(math.pi / 2), [[0, 1, 0], [1, 0, 0], [0, 0, -1]], atol=1e-12)
+    assert math.isclose(nearest_yaw(0.1 + math.pi, 0.0), 0.1) and math.isclose(nearest_yaw(-3.0, 0.0), math.pi - 3.0)
+
+
+def test_pose_action_scales_clips_and_rotates_in_the_world_frame():
+    a = pose_action(np.zeros(3), np.eye(3), [0.01, -0.5, 0.0], rot_z(0.1), 1.0, gain=2.0, max_pos=0.8)
+    assert np.allclose(a[:3], [0.4, -0.8, 0.0])          # 2 x 0.01 / 0.05; the other axis clipped alone
+    assert np.allclose(a[3:6], [0, 0, 0.2]) and a[6] == 1.0   # 0.1 rad / 0.5 rad per unit
+    # The controller applies R(delta) @ R: the action's rotation is the world-frame error.
+    cur = rot_z(0.3) @ down_orientation(0.0)
+    a = pose_action(np.zeros(3), cur, np.zeros(3), down_orientation(0.0), -1.0)
+    assert np.allclose(a[3:6], [0, 0, -0.6])
+
+
+# ---------------------------------------------------------------------------------------------- planning
+def test_plan_goal_maps_predicates_and_refuses_the_rest():
+    s = scene(can=box([0, 0, 0.03], [0.03, 0.03, 0.03]), plate=box([0.2, 0, 0.01], [0.08, 0.08, 0.01]))
+    assert plan_goal([["on", "can", "plate"], ["In", "can", "bin_region"]], s) == [
+        PickPlace("can", "plate", "on"), PickPlace("can", "bin_region", "in")]
+    for bad, match in (([["open", "cabinet_region"]], "no primitive"), ([["on", "cup", "plate"]], "cup is not"),
+                       ([["on", "can", "shelf"]], "unknown target")):
+        with pytest.raises(UnsupportedGoal, match=match):
+            plan_goal(bad, s)
+
+
+def test_grasp_pose_narrow_objects_across_their_narrow_side():
+    # A box 8 x 4 x 2 cm turned 90 degrees: close along world x (its narrow side), 1 cm above its bottom.
+    b = box([0.1, 0.2, 0.01], [0.04, 0.02, 0.01], rot_z(math.pi / 2))
+    pos, yaw = grasp_pose(b, np.array([0, 0, 0.3]), 0.0)
+    assert np.allclose(pos, [0.1, 0.2, 0.01]) and math.isclose(math.cos(yaw) ** 2, 1.0, abs_tol=1e-9)
+    # A can 6 cm wide, 12 cm tall: 3 cm below its top.
+    pos, _ = grasp_pose(box([0, 0, 0.06], [0.03, 0.03, 0.06]), np.array([0, 0, 0.3]), 0.0)
+    assert np.allclose(pos, [0, 0, 0.09])
+
+
+def test_grasp_pose_wide_objects_by_the_free_rim():
+    bowl = box([0.0, 0.0, 0.025], [0.055, 0.055, 0.025])
+    pos, yaw = grasp_pose(bowl, np.array([-0.3, 0.0, 0.3]), 0.0)
+    assert np.allclose(pos, [-0.04, 0.0, 0.03]) and math.isclose(math.cos(yaw) ** 2, 1.0)   # rim facing the eef
+    # A wall on that side: the fingers go to another side of the rim, one without collisions.
+    s = Scene(eef_pos=np.array([-0.3, 0, 0.3]), eef_mat=down_orientation(0), gripper_qpos=np.zeros(2),
+              bodies={"bowl": bowl}, geom_lo=np.array([[-0.2, -0.3, 0.0]]), geom_hi=np.array([[-0.06, 0.3, 0.3]]),
+              geom_owner=("wall",))
+    pos, _ = grasp_pose(bowl, s.eef_pos, 0.0, s, "bowl")
+    assert pos[0] > -0.03 and math.isclose(np.linalg.norm(pos[:2]), 0.04)
+
+
+def test_corridor_top_sees_what_lies_on_the_way():
+    s = scene(low=box([0.1, 0, 0.02], [0.02, 0.02, 0.02]), high=box([0.1, 0.3, 0.1], [0.02, 0.02, 0.1]))
+    assert math.isclose(corridor_top(s, np.zeros(3), np.array([0.2, 0, 0]), 0.01, set()), 0.04)
+    assert corridor_top(s, np.zeros(3), np.array([0.2, 0, 0]), 0.01, {"low"}) == -np.inf
+
+
+# ---------------------------------------------------------------------------------------------- reward
+def test_progress_potential_rises_through_the_stages():
+    p = [PickPlace("can", "bin_region", "in")]
+    can = box([0.0, 0.0, 0.03], [0.03, 0.03, 0.03])
+    far = progress(scene(eef=(0, 0, 0.5), can=can), p)
+    near = progress(scene(eef=(0, 0, 0.07), can=can), p)
+    holding = progress(scene(eef=(0, 0, 0.05), opening=0.06, can=can), p)
+    lifted = box([0.25, 0.0, 0.2], [0.03, 0.03, 0.03])
+    carried = progress(scene(eef=(0.25, 0, 0.22), opening=0.06, can=lifted), p)
+    placed = progress(scene(eef=(0.3, 0, 0.3), can=box([0.3, 0.01, 0.03], [0.03, 0.03, 0.03])), p)
+    assert 0 < far < near < 1 / 3 < holding < carried < 1 and placed == 1.0
+    assert math.isclose(holding, (1 + 1 + 1 - math.tanh(1.5)) / 3)
+    assert not held(scene(eef=(0, 0, 0.05), opening=0.0, can=can), "can")      # closed on nothing
+    assert box_distance(np.array([0.0, 0.0, 0.5]), np.zeros(3), np.ones(3) * 0.1) == pytest.approx(0.4)
+
+
+def test_expert_gives_up_after_its_retries():
+    # The object never rises (a scene that never changes): every lift is a failed grasp, retried twice.
+    s = scene(can=box([0.0, 0.0, 0.03], [0.03, 0.03, 0.03]))
+    expert = LiberoExpert([PickPlace("can", "bin_region", "in")], seed=0)
+    for _ in range(2000):
+        a = expert.act(s)
+        assert a.shape == (7,) and np.all(np.abs(a) <= 1)
+        if expert.status != "running":
+            break
+    assert expert.status == "failed" and expert.retries == 3
+
+
+# ---------------------------------------------------------------------------------------------- simulator
+def run_expert(suite, task_id, init_id, jitter=0.0):
+    from vla_rl.data.libero_demos import run_expert_episode
+    from vla_rl.envs.libero import LiberoConfig, LiberoSingleEnv
+
+    env = LiberoSingleEnv(LiberoConfig(suite=suite, task_ids=[task_id], cameras=(), max_cached_envs=1))
+    try:
+        return run_expert_episode(env, task_id, init_id, seed=init_id, jitter=jitter)
+    finally:
+        env.close()
+
+
+@needs_libero
+@pytest.mark.parametrize("suite", ["libero_object", "libero_spatial"])
+def test_expert_solves_a_task_from_an_official_init_state(suite):
+    frames, success, why = run_expert(suite, 0, 0)
+    assert success, why
+    assert 40 < len(frames) < 200
+    actions = np.stack([a for _, a in frames])
+    assert actions.dtype == np.float32 and np.abs(actions).max() <= 1.0
+    assert set(np.unique(actions[:, 6])) == {-1.0, 1.0}        # it opened and closed the gripper
+
+
+@pytest.mark.slow
+@needs_libero
+@pytest.mark.parametrize("suite", ["libero_object", "libero_spatial"])
+@pytest.mark.parametrize("task_id", range(10))
+def test_expert_solves_every_task_of_object_and_spatial(suite, task_id):
+    # Deterministic: the same init state and seed give the same actions.
+    for init_id in (0, 1):
+        frames, success, why = run_expert(suite, task_id, init_id)
+        assert success, f"{suite} task {task_id} init state {init_id}: {why}"
+    again, _, _ = run_expert(suite, task_id, 1)
+    assert np.array_equal(np.stack([a for _, a in frames]), np.stack([a for _, a in again]))
+
+
+@needs_libero
+def test_objects_in_the_state_and_sampled_placements():
+    from vla_rl.envs.libero import LiberoConfig, LiberoSingleEnv
+
+    cfg = LiberoConfig(suite="libero_object", task_ids=[0], cameras=(), state_mode="robot+objects",
+                       init_states="sampled", reward="shaped", max_cached_envs=1, max_episode_steps=2)
+    assert cfg.state_dim == 8 + 2 * 9
+    env = LiberoSingleEnv(cfg)
+    try:
+        a, b, a_again = (env.reset_to(0, k)["state"] for k in (0, 1, 0))
+        assert a.shape == (26,) and np.array_equal(a, a_again) and not np.array_equal(a, b)
+        sim = env.sim_env
+        soup, basket = (sim.obj_body_id[n] for n in ("alphabet_soup_1", "basket_1"))
+        np.testing.assert_allclose(a[8:11], sim.sim.data.body_xpos[soup], atol=1e-6)
+        np.testing.assert_allclose(a[17:20], sim.sim.data.body_xpos[basket], atol=1e-6)
+        mat = np.asarray(sim.sim.data.body_xmat[basket]).reshape(3, 3)
+        np.testing.assert_allclose(a[20:26], np.r_[mat[:, 0], mat[:, 1]], atol=1e-6)
+        # Shaped reward: moving towards the soup raises the potential (a positive shaping term, no success).
+        toward = np.r_[np.clip((a[8:11] - a[:3]) / 0.05, -1, 1), 0, 0, 0, -1.0]
+        _, reward, terminated, truncated, _ = env.step(toward)
+        assert reward > 0 and not terminated and not truncated
+    finally:
+        env.close()
