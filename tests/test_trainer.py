@@ -407,8 +407,8 @@ def test_evaluation_rounds_cover_distinct_initial_states():
             return ChunkStep(obs={}, rewards=ones[:, None], terminated=yes, truncated=~yes, success=yes,
                              steps=ones.long(), final_obs={}, episodes=episodes)
 
-    actor = SimpleNamespace(model=SimpleNamespace(device=torch.device("cpu")),
-                            chunk=lambda obs, sampler, generator: torch.zeros(4, 2, 1))
+    actor = SimpleNamespace(model=SimpleNamespace(device=torch.device("cpu")), draw_keyed=lambda keys, sampler: None,
+                            chunk=lambda obs, sampler, draws: torch.zeros(4, 2, 1))
     env = SeedPerEnv()
     m = evaluate(actor, env, num_episodes=10, seed=100)
     assert env.started == list(range(100, 112))  # 3 rounds of 4; the last round counts its first 2
