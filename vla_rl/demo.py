@@ -48,19 +48,38 @@ class DemoConfig:
         check_ranges(self)
 
 
-def run_demo(cfg: DemoConfig, *, progress: bool = True, overwrite: bool = False) -> dict:
-    from vla_rl.outputs import check_output, clear_output
-    from vla_rl.rl.trainer import TrainConfig, Trainer
+def demo_eval_seed(cfg: DemoConfig) -> int:
+    """The first seed of the demo's before / after evaluation episodes."""
+    return 10_000 + cfg.seed
 
-    check_output(cfg.out, overwrite=overwrite, what="demo folder")
-    if overwrite:
-        clear_output(cfg.out)
+
+def demo_success(actor: Actor, cfg: DemoConfig) -> float:
+    """ODE success of ``actor`` on the demo's ``eval_episodes`` fixed-seed episodes of the built-in task."""
+    env = ColorReachEnv(min(cfg.eval_episodes, 100), config=cfg.env, seed=cfg.seed)
+    m = evaluate(actor, env, num_episodes=cfg.eval_episodes, sampler=SamplerConfig(cfg.num_steps, "ode"),
+                 execute=cfg.execute, seed=demo_eval_seed(cfg))
+    return m["eval/success_once"]
+
+
+def demo_train_config(cfg: DemoConfig, sft_path: str | Path, *, out: str | Path, progress: bool = True,
+                      overrides: dict | None = None):
+    """The RL stage's :class:`~vla_rl.rl.trainer.TrainConfig`: the ``rl`` preset from ``sft_path`` for
+    ``rl_iterations`` iterations on the demo's task level (``overrides``, e.g. another RL ``seed``, on top)."""
+    from vla_rl.config import merge
+    from vla_rl.rl.trainer import TrainConfig
+
+    base = {"init": str(sft_path), "out": str(out), "iterations": cfg.rl_iterations,
+            "env": {"builtin": to_dict(cfg.env)}, "seed": cfg.seed, "progress": progress,
+            "eval_every": max(1, cfg.rl_iterations // 4)}
+    return load_preset(TrainConfig, "experiment", cfg.rl, merge(base, overrides or {}))
+
+
+def train_demo_sft(cfg: DemoConfig, *, progress: bool = True) -> tuple[Actor, Path, list[dict]]:
+    """Collect the demos and train the SFT policy into ``<out>/sft``: (its actor, the folder, the SFT log)."""
     torch.manual_seed(cfg.seed)
-    t0 = time.time()
     data = collect_builtin_demos(cfg.demos, seed=cfg.seed, config=cfg.env)
     print(f"collected {data.num_episodes} expert demos ({len(data)} frames) of the built-in ColorReach task")
-    env = ColorReachEnv(min(cfg.eval_episodes, 100), config=cfg.env, seed=cfg.seed)
-    spec = env.spec
+    spec = ColorReachEnv(1, config=cfg.env).spec
     norm = NormStats(Stats.of(data.state), Stats.of(data.action))
     model = FlowPolicy(policy_preset(cfg.model))
     actor = Actor.for_env(model, norm, spec)
@@ -70,13 +89,20 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, overwrite: bool = False)
     sft_path = save_policy(Path(cfg.out) / "sft", model, norm,
                            meta={"env": {"name": "builtin/color_reach", "state_dim": spec.state_dim,
                                          "action_dim": spec.action_dim}, "demo": to_dict(cfg)})
-    eval_seed = 10_000 + cfg.seed
+    return actor, sft_path, log
 
-    def success(policy: Actor) -> float:
-        m = evaluate(policy, env, num_episodes=cfg.eval_episodes, sampler=SamplerConfig(cfg.num_steps, "ode"),
-                     execute=cfg.execute, seed=eval_seed)
-        return m["eval/success_once"]
 
+def run_demo(cfg: DemoConfig, *, progress: bool = True, overwrite: bool = False) -> dict:
+    from vla_rl.outputs import check_output, clear_output
+    from vla_rl.rl.trainer import Trainer
+
+    check_output(cfg.out, overwrite=overwrite, what="demo folder")
+    if overwrite:
+        clear_output(cfg.out)
+    t0 = time.time()
+    actor, sft_path, log = train_demo_sft(cfg, progress=progress)
+    env = ColorReachEnv(min(cfg.eval_episodes, 100), config=cfg.env, seed=cfg.seed)
+    eval_seed = demo_eval_seed(cfg)
     results: dict = {"sft_log": log, "samplers": {}}
     print(f"\nSFT policy, {cfg.eval_episodes} episodes per sampler")
     print(f"{'sampler':<22}{'success':>9}{'return':>9}{'log-prob/chunk':>16}")
@@ -99,15 +125,12 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, overwrite: bool = False)
     if cfg.rl_iterations <= 0:
         return results
 
-    train_cfg = load_preset(TrainConfig, "experiment", cfg.rl, {
-        "init": str(sft_path), "out": str(Path(cfg.out) / "rl"), "iterations": cfg.rl_iterations,
-        "env": {"builtin": to_dict(cfg.env)},
-        "seed": cfg.seed, "progress": progress, "eval_every": max(1, cfg.rl_iterations // 4)})
+    train_cfg = demo_train_config(cfg, sft_path, out=Path(cfg.out) / "rl", progress=progress)
     print(f"\nRL: preset '{cfg.rl}' ({train_cfg.sampler.method}, {train_cfg.ppo.algorithm}), "
           f"{cfg.rl_iterations} iterations x {train_cfg.env.num_envs} envs -> {train_cfg.out}")
     with Trainer(train_cfg) as trainer:
         results["rl_history"] = trainer.run()
-    after = success(trainer.actor)
+    after = demo_success(trainer.actor, cfg)
     results["success_after_rl"] = after
     print(f"\nsuccess (ODE sampler, {cfg.eval_episodes} episodes, seeds {eval_seed}...): "
           f"SFT {before:.2f} -> after RL {after:.2f}   ({time.time() - t0:.0f} s in all)")
