@@ -424,7 +424,8 @@ def test_eval_gives_the_same_episodes_with_10_or_40_envs(tmp_path):
     state_dim, action_dim = probe.spec.state_dim, probe.spec.action_dim
     probe.close()
     torch.manual_seed(0)
-    cfg = policy_preset("tiny", {"depth": 1, "vision": {"depth": 1}, "state_dim": 64, "action_dim": 8})
+    cfg = policy_preset("tiny", {"depth": 1, "vision": {"depth": 1}, "num_cameras": 0, "state_dim": 64,
+                                 "action_dim": 8})
     policy = save_policy(tmp_path / "policy", FlowPolicy(cfg), NormStats(Stats.identity(state_dim),
                                                                         Stats.identity(action_dim)))
     runs = {}
