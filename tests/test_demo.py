@@ -16,3 +16,21 @@ def test_demo_runs_sft_then_rl_then_evaluates(tmp_path, capsys):
     model, norm, _ = load_policy(out / "sft")
     assert (norm.state.mean.shape[0], norm.action.mean.shape[0]) == (4, 2)   # the built-in task's state / action
     assert (out / "rl" / "checkpoints" / "iter_000001" / "model.safetensors").is_file()
+
+
+def test_demo_rl_stage_carries_the_short_run_stabilisers(tmp_path):
+    from vla_rl.config import from_dict, parse_overrides
+    from vla_rl.demo import DemoConfig, demo_train_config
+
+    ppo = demo_train_config(DemoConfig(), tmp_path / "sft", out=tmp_path / "rl").ppo
+    assert (ppo.critic_warmup_iters, ppo.actor_lr_warmup_iters, ppo.target_kl) == (3, 5, 0.05)
+    assert ppo.lr_actor == 5e-5 and ppo.actor_lr_decay == "cosine"   # the rest is the preset's
+    off = from_dict(DemoConfig, parse_overrides(["rl_critic_warmup=0", "rl_actor_lr_warmup=0", "rl_target_kl=null",
+                                                 "rl=builtin_flow_noise"]))
+    ppo = demo_train_config(off, tmp_path / "sft", out=tmp_path / "rl").ppo
+    assert (ppo.critic_warmup_iters, ppo.actor_lr_warmup_iters, ppo.target_kl) == (0, 0, None)
+    assert ppo.lr_actor == 4e-5
+    # an explicit override of the RL stage (bench_robustness --set) wins over the demo's field
+    ppo = demo_train_config(DemoConfig(), tmp_path / "sft", out=tmp_path / "rl",
+                            overrides={"ppo": {"target_kl": 0.2}}).ppo
+    assert ppo.target_kl == 0.2 and ppo.critic_warmup_iters == 3
