@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import resource
 import shutil
 import statistics
@@ -145,9 +146,11 @@ def table(results: list[dict], methods: list[str]) -> str:
         sft = " / ".join(f"{s:.3f}" for s in sorted({r["sft"] for r in rs}))
         after, lift = [r["after"] for r in rs], [r["lift"] for r in rs]
         ok = sum(x >= TARGET - 1e-9 for x in lift)
+        cpu = [r["cpu_seconds"] for r in rs if math.isfinite(r["cpu_seconds"])]  # NaN: a resumed run's is unknown
+        cpu_text = f"{statistics.median(cpu):.0f}" if cpu else "-"
         lines.append(f"| {LABELS[m]} | {len(rs)} | {sft} | {min(after):.3f} / {statistics.median(after):.3f} / "
                      f"{max(after):.3f} | {min(lift):+.3f} / {statistics.median(lift):+.3f} / {max(lift):+.3f} | "
-                     f"{ok} / {len(rs)} | {statistics.median(r['cpu_seconds'] for r in rs):.0f} |")
+                     f"{ok} / {len(rs)} | {cpu_text} |")
     lines += ["", "| method | threads | seed | SFT | after RL | lift | evaluations during RL (iteration: success) |",
               "|---|---|---|---|---|---|---|"]
     for r in sorted(results, key=lambda r: (methods.index(r["method"]), r["threads"], r["seed"])):

@@ -49,3 +49,9 @@ def test_report_tabulates_the_runs_on_disk(tmp_path, monkeypatch, capsys):
     text = (tmp_path / "table.md").read_text()
     assert "| Flow-SDE PPO | 2 | 0.500 | 0.700 / 0.800 / 0.900 | +0.200 / +0.300 / +0.400 | 2 / 2 |" in text
     assert text.strip() in capsys.readouterr().out
+
+
+def test_cpu_time_median_skips_unknown_values():
+    rs = [result(1, 0, 0.5, 0.7), result(1, 1, 0.5, 0.6)]
+    rs[1]["cpu_seconds"] = float("nan")   # a run finished from a checkpoint: its whole CPU time is unknown
+    assert bench.table(rs, ["sde"]).splitlines()[2].endswith("| 1 / 2 | 100 |")
