@@ -137,20 +137,25 @@ def divergence_table(rows: list[dict], method: str) -> str:
 
 
 def table(results: list[dict], methods: list[str]) -> str:
-    lines = ["| method | runs | SFT | after RL: min / median / max | lift: min / median / max | "
-             f"runs with lift ≥ +{TARGET:.2f} | CPU s per run (median) |", "|---|---|---|---|---|---|---|"]
+    """One summary row per method and thread count (and over all thread counts, when there are several),
+    then one row per run."""
+    lines = ["| method | threads | runs | SFT | after RL: min / median / max | lift: min / median / max | "
+             f"runs with lift ≥ +{TARGET:.2f} | CPU s per run (median) |", "|---|---|---|---|---|---|---|---|"]
     for m in methods:
         rs = [r for r in results if r["method"] == m]
-        if not rs:
-            continue
-        sft = " / ".join(f"{s:.3f}" for s in sorted({r["sft"] for r in rs}))
-        after, lift = [r["after"] for r in rs], [r["lift"] for r in rs]
-        ok = sum(x >= TARGET - 1e-9 for x in lift)
-        cpu = [r["cpu_seconds"] for r in rs if math.isfinite(r["cpu_seconds"])]  # NaN: a resumed run's is unknown
-        cpu_text = f"{statistics.median(cpu):.0f}" if cpu else "-"
-        lines.append(f"| {LABELS[m]} | {len(rs)} | {sft} | {min(after):.3f} / {statistics.median(after):.3f} / "
-                     f"{max(after):.3f} | {min(lift):+.3f} / {statistics.median(lift):+.3f} / {max(lift):+.3f} | "
-                     f"{ok} / {len(rs)} | {cpu_text} |")
+        threads = sorted({r["threads"] for r in rs})
+        groups = [(str(t), [r for r in rs if r["threads"] == t]) for t in threads]
+        if len(threads) > 1:
+            groups.append(("all", rs))
+        for label, group in groups:
+            sft = " / ".join(f"{s:.3f}" for s in sorted({r["sft"] for r in group}))
+            after, lift = [r["after"] for r in group], [r["lift"] for r in group]
+            ok = sum(x >= TARGET - 1e-9 for x in lift)
+            cpu = [r["cpu_seconds"] for r in group if math.isfinite(r["cpu_seconds"])]  # NaN: a resumed run's
+            cpu_text = f"{statistics.median(cpu):.0f}" if cpu else "-"
+            lines.append(f"| {LABELS[m]} | {label} | {len(group)} | {sft} | {min(after):.3f} / "
+                         f"{statistics.median(after):.3f} / {max(after):.3f} | {min(lift):+.3f} / "
+                         f"{statistics.median(lift):+.3f} / {max(lift):+.3f} | {ok} / {len(group)} | {cpu_text} |")
     lines += ["", "| method | threads | seed | SFT | after RL | lift | evaluations during RL (iteration: success) |",
               "|---|---|---|---|---|---|---|"]
     for r in sorted(results, key=lambda r: (methods.index(r["method"]), r["threads"], r["seed"])):

@@ -22,9 +22,12 @@ def result(threads, seed, sft, after, method="sde"):
 def test_table_gives_min_median_max_of_the_lift_and_the_runs_on_target():
     rs = [result(1, 0, 0.48, 0.70), result(1, 1, 0.48, 0.60), result(2, 0, 0.50, 0.80)]
     lines = bench.table(rs, ["sde"]).splitlines()
-    assert lines[2] == ("| Flow-SDE PPO | 3 | 0.480 / 0.500 | 0.600 / 0.700 / 0.800 | +0.120 / +0.220 / +0.300 | "
-                        "2 / 3 | 100 |"), lines[2]
-    per_run = [line for line in lines if line.startswith("| Flow-SDE PPO | ")][1:]
+    assert lines[2:5] == [
+        "| Flow-SDE PPO | 1 | 2 | 0.480 | 0.600 / 0.650 / 0.700 | +0.120 / +0.170 / +0.220 | 1 / 2 | 100 |",
+        "| Flow-SDE PPO | 2 | 1 | 0.500 | 0.800 / 0.800 / 0.800 | +0.300 / +0.300 / +0.300 | 1 / 1 | 100 |",
+        "| Flow-SDE PPO | all | 3 | 0.480 / 0.500 | 0.600 / 0.700 / 0.800 | +0.120 / +0.220 / +0.300 | 2 / 3 | 100 |",
+    ], lines[2:5]
+    per_run = [line for line in lines if line.startswith("| Flow-SDE PPO | ")][3:]
     assert [line.split(" | ")[1:3] for line in per_run] == [["1", "0"], ["1", "1"], ["2", "0"]]
     assert "0: 0.48, 80: 0.70" in per_run[0]
 
@@ -47,11 +50,11 @@ def test_report_tabulates_the_runs_on_disk(tmp_path, monkeypatch, capsys):
                                       "--out", str(tmp_path), "--report"])
     bench.main()
     text = (tmp_path / "table.md").read_text()
-    assert "| Flow-SDE PPO | 2 | 0.500 | 0.700 / 0.800 / 0.900 | +0.200 / +0.300 / +0.400 | 2 / 2 |" in text
+    assert "| Flow-SDE PPO | all | 2 | 0.500 | 0.700 / 0.800 / 0.900 | +0.200 / +0.300 / +0.400 | 2 / 2 |" in text
     assert text.strip() in capsys.readouterr().out
 
 
 def test_cpu_time_median_skips_unknown_values():
     rs = [result(1, 0, 0.5, 0.7), result(1, 1, 0.5, 0.6)]
     rs[1]["cpu_seconds"] = float("nan")   # a run finished from a checkpoint: its whole CPU time is unknown
-    assert bench.table(rs, ["sde"]).splitlines()[2].endswith("| 1 / 2 | 100 |")
+    assert bench.table(rs, ["sde"]).splitlines()[2].endswith("| 1 / 2 | 100 |")   # the median of one value
