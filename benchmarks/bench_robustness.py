@@ -16,7 +16,8 @@ weights and between their rollout successes (``divergence.md``). ``--set`` adds 
 stage (e.g. ``--set ppo.critic_warmup_iters=0``) for probing one setting; give such a probe its own ``--out``.
 
 Writes into ``--out``: ``t<threads>/sft`` (the SFT policy and ``sft.json``, its success), one run folder per
-``<method>/t<threads>_s<seed>`` (the trainer's output plus ``result.json``) and ``table.md`` (printed too). A run
+``<method>/t<threads>_s<seed>`` (the trainer's output plus ``result.json``) and ``table.md`` (printed too: the
+lift's min / median / max per method and thread count, and over all thread counts, then one row per run). A run
 with a ``result.json`` is not run again, so the command can be stopped and restarted; ``--report`` runs
 nothing and tabulates what is there. Run one process at a time with the thread counts it is told: the numbers
 are deterministic given (seed, threads), so a busy machine only makes it slower.
