@@ -34,6 +34,9 @@ def test_demo_rl_stage_stabilisers_reach_the_rl_config(tmp_path):
     # an explicit override of the RL stage (bench_robustness --set) wins over the demo's field
     ppo = demo_train_config(on, tmp_path / "sft", out=tmp_path / "rl", overrides={"ppo": {"target_kl": 0.2}}).ppo
     assert ppo.target_kl == 0.2 and ppo.critic_warmup_iters == 3
+    # unset fields keep the preset's own stabilisers (the PickCube preset warms its critic up for 3 iterations)
+    ppo = demo_train_config(DemoConfig(rl="maniskill_pickcube_flow_noise"), tmp_path / "sft", out=tmp_path / "rl").ppo
+    assert (ppo.critic_warmup_iters, ppo.actor_lr_warmup_iters, ppo.target_kl) == (3, 10, 0.2)
 
 
 def test_demo_states_what_to_expect_only_for_the_measured_settings():

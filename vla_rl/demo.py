@@ -41,7 +41,7 @@ class DemoConfig:
     eval_episodes: int = ranged(200, 1)
     rl: str = "builtin_flow_sde"    # experiment preset of the RL stage (configs/experiment)
     rl_iterations: int = nonneg(80)  # 0: SFT only
-    # Optional stabilisers of the RL stage, on top of the preset (ppo.critic_warmup_iters,
+    # Optional stabilisers of the RL stage, over the preset's values when set (ppo.critic_warmup_iters,
     # ppo.actor_lr_warmup_iters, ppo.target_kl; docs/training.md). Off: with 3 / 5 / 0.05 seed 0's run fell
     # from 0.64 to 0.18 rollout success by iteration 36 and seed 1 lifted +0.075 against +0.11 without
     # (benchmarks/RESULTS.md, robustness of the demo).
@@ -93,9 +93,11 @@ def demo_train_config(cfg: DemoConfig, sft_path: str | Path, *, out: str | Path,
 
     base = {"init": str(sft_path), "out": str(out), "iterations": cfg.rl_iterations,
             "env": {"builtin": to_dict(cfg.env)}, "seed": cfg.seed, "progress": progress,
-            "eval_every": max(1, cfg.rl_iterations // 4),
-            "ppo": {"critic_warmup_iters": cfg.rl_critic_warmup, "actor_lr_warmup_iters": cfg.rl_actor_lr_warmup,
-                    "target_kl": cfg.rl_target_kl}}
+            "eval_every": max(1, cfg.rl_iterations // 4)}
+    # only the stabilisers asked for: unset ones keep the preset's values
+    ppo = {"critic_warmup_iters": cfg.rl_critic_warmup, "actor_lr_warmup_iters": cfg.rl_actor_lr_warmup,
+           "target_kl": cfg.rl_target_kl}
+    base["ppo"] = {k: v for k, v in ppo.items() if v}
     return load_preset(TrainConfig, "experiment", cfg.rl, merge(base, overrides or {}))
 
 
