@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..policies.keyed_random import keyed_uniform
 from ..policies.ranges import check_ranges, nonneg, positive, ranged, setting
 from .base import ChunkStep, EnvSpec, EpisodeTracker, check_action_chunk
 
@@ -80,7 +81,12 @@ class ColorReachEnv:
         self.spec = EnvSpec(num_envs=num_envs, action_dim=2, state_dim=4, num_cameras=1,
                             image_size=self.cfg.image_size, max_episode_steps=self.cfg.max_episode_steps)
         n = num_envs
-        self.gen = torch.Generator(device=self.device).manual_seed(seed)
+        self.gen = torch.Generator(device=self.device).manual_seed(seed)   # the expert's action noise only
+        # Env i's episodes are named by (its seed, its episode count): each initial state is drawn from those
+        # two numbers alone (counter-based, policies/keyed_random.py), so an episode seed gives the same
+        # episode whatever the number of envs or the env's place among them.
+        self.seeds = seed + torch.arange(n, dtype=torch.long, device=self.device)
+        self.episode = torch.full((n,), -1, dtype=torch.long, device=self.device)
         self.targets = torch.zeros(n, 3, 2, device=self.device)
         self.pos = torch.zeros(n, 2, device=self.device)
         self.last_action = torch.zeros(n, 2, device=self.device)
@@ -99,36 +105,37 @@ class ColorReachEnv:
 
     # ------------------------------------------------------------------------------------------------
     def _randomize(self, idx: Tensor) -> None:
+        """Start the next episode of envs ``idx``, drawn from each env's (seed, episode count)."""
         m = idx.numel()
         if m == 0:
             return
-        g, dev, j = self.gen, self.device, self.cfg.jitter
+        dev, j = self.device, self.cfg.jitter
+        self.episode[idx] += 1
+        # 4 numbers for the quadrant order, 8 for the jitter of 4 objects, 1 goal, 1 instruction template
+        u = keyed_uniform([self.seeds[idx], self.episode[idx]], (14,), domain="builtin/color_reach", device=dev)
         if self.cfg.layout == "shuffled":
-            quad = torch.argsort(torch.rand(m, 4, generator=g, device=dev), dim=1)  # random quadrants
+            quad = torch.argsort(u[:, :4], dim=1)                                   # random quadrants
         else:
             quad = torch.arange(4, device=dev).expand(m, 4)
         centers = QUADRANTS.to(dev)[quad]                                           # [m, 4, 2]
-        jit = (torch.rand(m, 4, 2, generator=g, device=dev) * 2 - 1) * j
+        jit = (u[:, 4:12].reshape(m, 4, 2) * 2 - 1) * j
         placed = centers + jit
         self.targets[idx] = placed[:, :3]
         self.pos[idx] = placed[:, 3]
-        self.goal[idx] = torch.randint(3, (m,), generator=g, device=dev)
-        self.template[idx] = torch.randint(len(TEMPLATES), (m,), generator=g, device=dev)
+        self.goal[idx] = (u[:, 12] * 3).long().clamp_(max=2)
+        self.template[idx] = (u[:, 13] * len(TEMPLATES)).long().clamp_(max=len(TEMPLATES) - 1)
         self.last_action[idx] = 0.0
         self.t[idx] = 0
 
     @torch.inference_mode()
     def reset(self, seed: int | None = None, *, group_size: int = 1) -> dict:
-        """Reset every env; ``seed`` reseeds the task generator (same seed, same episodes).
-
-        ``group_size`` g > 1 gives consecutive groups of g envs the same initial state (GRPO's groups)."""
+        """Reset every env: with ``seed``, env ``i`` starts the episode of seed ``seed + i // group_size`` (the
+        same seed, the same episode, whatever the number of envs; ``group_size`` g > 1 gives consecutive groups
+        of g envs the same initial state, GRPO's groups); without, every env starts its next episode."""
         if seed is not None:
-            self.gen.manual_seed(seed)
+            self.seeds = seed + torch.arange(self.num_envs, device=self.device) // group_size
+            self.episode.fill_(-1)
         self._randomize(torch.arange(self.num_envs, device=self.device))
-        if group_size > 1:
-            lead = torch.arange(self.num_envs, device=self.device) // group_size * group_size
-            for name in ("targets", "pos", "goal", "template", "last_action", "t"):
-                setattr(self, name, getattr(self, name)[lead].clone())
         self.tracker = EpisodeTracker(self.num_envs, self.device)
         return self.observe()
 

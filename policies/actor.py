@@ -180,16 +180,31 @@ class Actor:
                                       method=sampler.method, sde_mode=sampler.sde_mode, generator=generator,
                                       device=self.model.device)
 
-    def chunk(self, obs: dict, sampler: SamplerConfig, *, generator: torch.Generator | None = None) -> Tensor:
-        """Env-unit actions ``[N, H, a]`` alone (evaluation, deployment). The ODE sampler takes the
-        deterministic fast path (:func:`flow.denoise` of :meth:`FlowPolicy.velocity_field`, its loop run as
-        ``compile`` says: no step noise, densities, chain, std or value head, nor the prefix's unread last-layer
-        outputs); the stochastic samplers need their step noise and sample as :meth:`act` does (without the value)."""
+    def draw_keyed(self, keys: list[Tensor | int], sampler: SamplerConfig) -> flow.SampleNoise:
+        """Every random draw of sampling one chunk per row, row ``i``'s a function of its ``keys`` alone
+        (:func:`flow.keyed_sample_noise`): what an evaluation episode named by its seed draws, whatever batch it
+        runs in."""
+        cfg = self.model.cfg
+        return flow.keyed_sample_noise(keys, cfg.action_horizon, cfg.action_dim, num_steps=sampler.num_steps,
+                                       method=sampler.method, sde_mode=sampler.sde_mode, device=self.model.device)
+
+    def chunk(self, obs: dict, sampler: SamplerConfig, *, generator: torch.Generator | None = None,
+              draws: flow.SampleNoise | None = None) -> Tensor:
+        """Env-unit actions ``[N, H, a]`` alone (evaluation, deployment), from ``draws`` (:meth:`draw_keyed`,
+        :meth:`draw`) or else drawn from ``generator``. The ODE sampler takes the deterministic fast path
+        (:func:`flow.denoise` of :meth:`FlowPolicy.velocity_field`, its loop run as ``compile`` says: no step
+        noise, densities, chain, std or value head, nor the prefix's unread last-layer outputs); the stochastic
+        samplers need their step noise and sample as :meth:`act` does (without the value)."""
         if sampler.method != "ode":
             return self.env_actions(self._sample(self.observe(obs).prefix, sampler, generator=generator,
-                                                 draws=None).actions)
+                                                 draws=draws).actions)
         prefix = self.observe(obs, hidden=False).prefix
         cfg = self.model.cfg
-        noise = torch.randn(prefix.batch_size, cfg.action_horizon, cfg.action_dim, generator=generator,
-                            device=self.model.device)
+        if draws is not None:
+            if draws.initial.shape[0] != prefix.batch_size:
+                raise ValueError(f"draws are for {draws.initial.shape[0]} chunks, the batch has {prefix.batch_size}")
+            noise = draws.initial
+        else:
+            noise = torch.randn(prefix.batch_size, cfg.action_horizon, cfg.action_dim, generator=generator,
+                                device=self.model.device)
         return self.env_actions(self.denoiser(prefix, noise, num_steps=sampler.num_steps))

@@ -36,6 +36,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from .keyed_random import keyed_normal, keyed_uniform
+
 Method = Literal["ode", "sde", "noise"]
 SDEMode = Literal["all", "mixed"]
 Field = Callable[[Tensor, Tensor], "Tensor | tuple[Tensor, Tensor]"]
@@ -265,6 +267,31 @@ def draw_sample_noise(
     stochastic = stochastic_steps(method, num_steps, batch, sde_mode=sde_mode, generator=generator, device=device)
     steps = torch.stack([torch.randn(shape, generator=generator, device=device) for _ in range(num_steps)])
     return SampleNoise(initial, stochastic, steps)
+
+
+def keyed_sample_noise(
+    keys: list[Tensor | int], horizon: int, action_dim: int, *, num_steps: int, method: Method = "ode",
+    sde_mode: SDEMode = "mixed", device=None,
+) -> SampleNoise:
+    """Every random draw of :func:`sample` for ``N`` chunks, row ``i``'s drawn from its own keys (``keys``: ints
+    or ``[N]`` integer tensors, e.g. an episode's seed and the chunk's index in it) with the counter-based
+    generator of :mod:`.keyed_random`: a chunk's draws do not depend on the other rows of the batch, their
+    number or order. The initial noise is the same for every method (so the deterministic and the stochastic
+    policy start each chunk from the same noise); the ODE sampler draws no step noise (zeros)."""
+    shape = (horizon, action_dim)
+    initial = keyed_normal(keys, shape, domain="flow/initial", device=device)
+    batch = initial.shape[0]
+    if method == "ode":
+        stochastic = torch.zeros(batch, num_steps, dtype=torch.bool, device=initial.device)
+        return SampleNoise(initial, stochastic, torch.zeros(num_steps, *initial.shape, device=initial.device))
+    if method == "sde" and sde_mode == "mixed":
+        u = keyed_uniform(keys, (1,), domain="flow/mixed", device=initial.device)[:, 0]
+        pick = (u * num_steps).long().clamp_(max=num_steps - 1)
+        stochastic = torch.nn.functional.one_hot(pick, num_steps).bool()
+    else:
+        stochastic = torch.ones(batch, num_steps, dtype=torch.bool, device=initial.device)
+    steps = keyed_normal(keys, (num_steps, *shape), domain="flow/steps", device=initial.device)
+    return SampleNoise(initial, stochastic, steps.transpose(0, 1).contiguous())
 
 
 def denoise(field: Field, noise: Tensor, *, num_steps: int) -> Tensor:

@@ -13,6 +13,38 @@ def test_demo_runs_sft_then_rl_then_evaluates(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "ODE (deterministic)" in text and "Flow-Noise" in text
     assert "SFT " in text and "-> after RL" in text
+    assert "expected lift" not in text   # measured for the default settings only
     model, norm, _ = load_policy(out / "sft")
     assert (norm.state.mean.shape[0], norm.action.mean.shape[0]) == (4, 2)   # the built-in task's state / action
     assert (out / "rl" / "checkpoints" / "iter_000001" / "model.safetensors").is_file()
+
+
+def test_demo_rl_stage_stabilisers_reach_the_rl_config(tmp_path):
+    from vla_rl.config import from_dict, parse_overrides
+    from vla_rl.demo import DemoConfig, demo_train_config
+
+    ppo = demo_train_config(DemoConfig(), tmp_path / "sft", out=tmp_path / "rl").ppo
+    assert (ppo.critic_warmup_iters, ppo.actor_lr_warmup_iters, ppo.target_kl) == (0, 0, None)
+    assert ppo.lr_actor == 5e-5 and ppo.actor_lr_decay == "cosine"   # the rest is the preset's
+    on = from_dict(DemoConfig, parse_overrides(["rl_critic_warmup=3", "rl_actor_lr_warmup=5", "rl_target_kl=0.05",
+                                                "rl=builtin_flow_noise"]))
+    ppo = demo_train_config(on, tmp_path / "sft", out=tmp_path / "rl").ppo
+    assert (ppo.critic_warmup_iters, ppo.actor_lr_warmup_iters, ppo.target_kl) == (3, 5, 0.05)
+    assert ppo.lr_actor == 4e-5
+    # an explicit override of the RL stage (bench_robustness --set) wins over the demo's field
+    ppo = demo_train_config(on, tmp_path / "sft", out=tmp_path / "rl", overrides={"ppo": {"target_kl": 0.2}}).ppo
+    assert ppo.target_kl == 0.2 and ppo.critic_warmup_iters == 3
+    # unset fields keep the preset's own stabilisers (the PickCube preset warms its critic up for 3 iterations)
+    ppo = demo_train_config(DemoConfig(rl="maniskill_pickcube_flow_noise"), tmp_path / "sft", out=tmp_path / "rl").ppo
+    assert (ppo.critic_warmup_iters, ppo.actor_lr_warmup_iters, ppo.target_kl) == (3, 10, 0.2)
+
+
+def test_demo_states_what_to_expect_only_for_the_measured_settings():
+    from vla_rl.demo import MEASURED_LIFT, DemoConfig, demo_expectation
+
+    lo, med, hi, n = MEASURED_LIFT
+    assert lo <= med <= hi and n >= 1
+    text = demo_expectation(DemoConfig(out="elsewhere"))
+    assert f"{lo:+.2f} to {hi:+.2f}, median {med:+.2f}, over {n} RL seeds" in text
+    assert demo_expectation(DemoConfig(rl_iterations=40)) is None
+    assert demo_expectation(DemoConfig(rl="builtin_flow_noise")) is None

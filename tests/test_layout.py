@@ -15,7 +15,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = {"vla_rl": ROOT / "vla_rl", "vla_rl.envs": ROOT / "envs", "vla_rl.policies": ROOT / "policies"}
 # Top to bottom. A room is a package folder or a top-level module.
-ENVS_MAY_USE = ("vla_rl.policies.ranges", "vla_rl.policies.schema")
+# envs/ may use these leaf modules of policies/ (they import nothing of the project): the config schema and ranges,
+# and the keyed random numbers that give an env's initial state and the sampler's noise from one episode seed
+ENVS_MAY_USE = ("vla_rl.policies.ranges", "vla_rl.policies.schema", "vla_rl.policies.keyed_random")
 FLOORS = (
     ("vla_rl.cli",),                                                   # parses the command line, calls a job
     ("vla_rl.demo",),                                                  # SFT, then an RL run, on the built-in task

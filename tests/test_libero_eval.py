@@ -184,3 +184,60 @@ def test_cli_bench_runs_the_reduced_protocol_and_resumes(sft_policy, tmp_path, c
     # Other settings into the same folder are refused before any work.
     assert main([*args[:-1], "sampler.num_steps=2", "progress=false"]) == 2
     assert "made with other settings (num_steps)" in capsys.readouterr().err
+
+
+class StateTrace:
+    """An env wrapper that records each env's state after every chunk of its first episode of a round, by
+    episode seed (the round's reset seed + env index)."""
+
+    def __init__(self, env):
+        self.env, self.spec, self.num_envs = env, env.spec, env.num_envs
+        self.trace: dict[int, list] = {}
+
+    def reset(self, seed=None, **kw):
+        obs = self.env.reset(seed=seed, **kw)
+        self.seeds, self.alive = [seed + i for i in range(self.num_envs)], [True] * self.num_envs
+        for i, s in enumerate(self.seeds):
+            self.trace[s] = [obs["state"][i].clone()]
+        return obs
+
+    def step(self, chunk):
+        out = self.env.step(chunk)
+        for i, s in enumerate(self.seeds):
+            if self.alive[i]:
+                done = bool(out.done[i])
+                self.trace[s].append((out.final_obs if done else out.obs)["state"][i].clone())
+                self.alive[i] = not done
+        return out
+
+
+@needs_libero
+@pytest.mark.slow
+def test_eval_gives_the_same_episodes_with_few_or_many_envs(sft_policy):
+    """Episodes are named by their seeds on LIBERO too: 4 episodes on 1 env (four rounds, so every episode after the
+    first runs in an env that played others before) and on 2 envs in 2 workers give the same per-episode results
+    and the same states after every chunk. (Few envs: a LIBERO env with its renderer takes ~1 GB.)"""
+    from vla_rl.eval.evaluate import checkpoint_env_config, evaluate_episodes, open_checkpoint
+    from vla_rl.rl.actor import SamplerConfig
+
+    _, ckpt = sft_policy
+    env_cfg = checkpoint_env_config(ckpt, {"libero": {"max_episode_steps": STEPS}})
+    runs, traces = {}, {}
+    for n in (1, 2):
+        actor, env = open_checkpoint(ckpt, env_config=env_cfg, num_envs=n, device=torch.device("cpu"), seed=0)
+        traced = StateTrace(env)
+        try:
+            recs = evaluate_episodes(actor, traced, num_episodes=4, sampler=SamplerConfig(4, "noise"), execute=4,
+                                     seed=10_000)
+        finally:
+            env.close()
+        runs[n], traces[n] = {r["episode_seed"]: r for r in recs}, traced.trace
+    assert sorted(runs[1]) == sorted(runs[2]) == list(range(10_000, 10_004))
+    for s, a in runs[1].items():
+        assert {k: a[k] for k in ("success_once", "length", "return")} == \
+               {k: runs[2][s][k] for k in ("success_once", "length", "return")}, s
+        assert len(traces[1][s]) == len(traces[2][s]) == 1 + STEPS // 4
+        for x, y in zip(traces[1][s], traces[2][s]):
+            torch.testing.assert_close(x, y, atol=1e-5, rtol=0)
+    last = [traces[2][s][-1] for s in sorted(traces[2])]
+    assert len({tuple(x.tolist()) for x in last}) == 4          # the episodes differ from each other

@@ -460,3 +460,39 @@ def test_gpu_env_renders_ended_episodes_asked_for_before_their_reset():
             env.set_final_frames([4])
     finally:
         env.close()
+
+
+@sim
+@pytest.mark.slow
+def test_eval_gives_the_same_episodes_with_10_or_40_envs(tmp_path):
+    """`vla-rl eval` names every episode by its seed on ManiSkill3 too: 40 PushCube episodes on 10 envs (four rounds,
+    so most episodes run in an env that played others before) and on 40 envs give the same per-episode results."""
+    import json
+
+    from vla_rl.checkpoint import save_policy
+    from vla_rl.cli import main
+    from vla_rl.config import policy_preset
+    from vla_rl.policies.model import FlowPolicy
+    from vla_rl.policies.normalize import NormStats, Stats
+
+    probe = ManiSkillSingleEnv(ManiSkillConfig(task="PushCube-v1"))
+    state_dim, action_dim = probe.spec.state_dim, probe.spec.action_dim
+    probe.close()
+    torch.manual_seed(0)
+    cfg = policy_preset("tiny", {"depth": 1, "vision": {"depth": 1}, "num_cameras": 0, "state_dim": 64,
+                                 "action_dim": 8})
+    policy = save_policy(tmp_path / "policy", FlowPolicy(cfg), NormStats(Stats.identity(state_dim),
+                                                                        Stats.identity(action_dim)))
+    runs = {}
+    for n in (10, 40):
+        out = tmp_path / f"n{n}.json"
+        assert main(["eval", str(policy), "episodes=40", f"num_envs={n}", "method=sde", "env.kind=maniskill",
+                     "env.maniskill.task=PushCube-v1", "env.maniskill.reward=dense", "threads=1", f"out={out}",
+                     "progress=false"]) == 0
+        runs[n] = {e["episode_seed"]: e for e in json.loads(out.read_text())["episodes"]}
+    assert sorted(runs[10]) == sorted(runs[40]) == list(range(10_000, 10_040))
+    for s, a in runs[10].items():
+        b = runs[40][s]
+        assert (a["success_once"], a["length"]) == (b["success_once"], b["length"]), s
+        assert a["return"] == pytest.approx(b["return"], abs=1e-4), s
+    assert len({round(e["return"], 4) for e in runs[40].values()}) > 30   # the episodes differ from each other

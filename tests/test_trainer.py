@@ -434,8 +434,8 @@ def test_evaluation_rounds_cover_distinct_initial_states():
             return ChunkStep(obs={}, rewards=ones[:, None], terminated=yes, truncated=~yes, success=yes,
                              steps=ones.long(), final_obs={}, episodes=episodes)
 
-    actor = SimpleNamespace(model=SimpleNamespace(device=torch.device("cpu")),
-                            chunk=lambda obs, sampler, generator: torch.zeros(4, 2, 1))
+    actor = SimpleNamespace(model=SimpleNamespace(device=torch.device("cpu")), draw_keyed=lambda keys, sampler: None,
+                            chunk=lambda obs, sampler, draws: torch.zeros(4, 2, 1))
     env = SeedPerEnv()
     m = evaluate(actor, env, num_episodes=10, seed=100)
     assert env.started == list(range(100, 112))  # 3 rounds of 4; the last round counts its first 2
@@ -514,8 +514,9 @@ def test_eval_method_train_evaluates_with_the_rollout_sampler(sft_checkpoint, tm
     Trainer(train_config(sft_checkpoint, tmp_path / "t", iterations=1, eval_method="train", keep_best=False,
                    sampler=sampler), log=lambda *_: None).run()
     Trainer(train_config(sft_checkpoint, tmp_path / "o", iterations=1, sampler=sampler), log=lambda *_: None).run()
-    assert [(s.method, s.num_steps, s.noise_level, s.sde_mode) for s in seen] == \
-        [("sde", 3, 0.7, "all")] * 2 + [("ode", 3, 0.7, "all")] * 2
+    # iteration 0 also measures the exploration noise's cost: the other sampler on the same episodes
+    sde, ode = ("sde", 3, 0.7, "all"), ("ode", 3, 0.7, "all")
+    assert [(s.method, s.num_steps, s.noise_level, s.sde_mode) for s in seen] == [sde, ode, sde, ode, sde, ode]
     assert not (tmp_path / "t" / "checkpoints" / "best").exists()     # keep_best=False
     assert (tmp_path / "o" / "checkpoints" / "best" / "best.yaml").is_file()
     with pytest.raises(ConfigError, match="eval_method"):

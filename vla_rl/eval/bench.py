@@ -226,7 +226,9 @@ def _write_json_atomic(path: Path, doc: dict) -> None:
 def _identity(cfg: BenchConfig, weights: str) -> dict:
     """What must match for an earlier task result to count in this bench (not the workers or the output)."""
     ident = {"weights_sha256": weights, "num_steps": cfg.sampler.num_steps, "execute": cfg.execute, "seed": cfg.seed,
-             "episodes": cfg.episodes_per_task, "env": dict(cfg.env)}
+             "episodes": cfg.episodes_per_task, "env": dict(cfg.env),
+             # each episode's sampler noise drawn from its seed (a task result made otherwise is run again)
+             "noise": "per-episode"}
     if cfg.dtype != "fp32":   # named only when not the default, so benches written before the option still match
         ident["dtype"] = cfg.dtype
     if cfg.backend != "robosuite":

@@ -29,10 +29,13 @@ from vla_rl.threads import local_worker_processes, policy_threads, threads_setti
 
 @torch.inference_mode()
 def first_episodes(actor: Actor, env, *, seed: int, count: int, sampler: SamplerConfig, execute: int | None,
-                   generator: torch.Generator, group_size: int = 1, recorder=None,
-                   on_episodes=None) -> dict[str, torch.Tensor]:
-    """One round: reset ``env`` with ``seed`` (``group_size`` > 1: groups of envs share an initial state),
-    reseed ``generator`` with it, and step until envs ``0 .. count - 1`` have each ended an episode.
+                   group_size: int = 1, recorder=None, on_episodes=None) -> dict[str, torch.Tensor]:
+    """One round: reset ``env`` with ``seed`` and step until envs ``0 .. count - 1`` have each ended an episode.
+
+    Env ``i``'s episode is named by its seed ``seed + i // group_size`` (``group_size`` > 1: groups of envs share
+    an initial state): every env kind resets env ``i`` with that seed, and the sampler noise of its chunk ``t``
+    is drawn from (that seed, ``t``, and its place in its group) alone (:meth:`Actor.draw_keyed`), so an
+    episode plays the same whatever ``num_envs``, the worker count or which round it falls in.
 
     Returns each of those envs' *first* episode's metrics (:data:`EPISODE_METRICS`), ``[count]`` tensors
     indexed by env; episodes that start after an env's first one ends are ignored. ``recorder`` (a
@@ -42,11 +45,15 @@ def first_episodes(actor: Actor, env, *, seed: int, count: int, sampler: Sampler
     obs = env.reset(seed=seed) if group_size == 1 else env.reset(seed=seed, group_size=group_size)
     if recorder is not None:
         recorder.add(obs)
-    generator.manual_seed(seed)
+    rows = torch.arange(n)
+    keys: list = [seed + rows // group_size]
     out_metrics = {k: torch.zeros(count, dtype=torch.float64) for k in EPISODE_METRICS}
-    pending = torch.arange(n) < count
+    pending = rows < count
+    t = 0
     while pending.any():
-        chunk = actor.chunk(obs, sampler, generator=generator)
+        draws = actor.draw_keyed([*keys, t] + ([rows % group_size] if group_size > 1 else []), sampler)
+        chunk = actor.chunk(obs, sampler, draws=draws)
+        t += 1
         out = env.step(chunk[:, :execute] if execute else chunk)
         obs = out.obs
         if recorder is not None:
@@ -68,24 +75,23 @@ def first_episodes(actor: Actor, env, *, seed: int, count: int, sampler: Sampler
 def evaluate_episodes(actor: Actor, env, *, num_episodes: int, sampler: SamplerConfig | None = None,
                       execute: int | None = None, seed: int = 1000, videos: int = 0, video_fps: int = 10,
                       progress=None) -> list[dict[str, Any]]:
-    """Each of ``num_episodes`` episodes' metrics, with where it came from: ``reset_seed`` (its round's
-    reset seed) and ``env_index``. The same (reset_seed, env_index) with the same ``env.num_envs`` is the same
-    initial state, so two policies' records pair episode by episode (:mod:`vla_rl.eval.paired`). Worker envs
-    (ManiSkill on CPU, LIBERO) reset env ``i`` with seed ``reset_seed + i``: for them ``episode_seed`` (that
-    sum) names the initial state whatever the number of envs.
+    """Each of ``num_episodes`` episodes' metrics, with its name: ``episode_seed`` (``seed``, ``seed + 1``, ...),
+    which fixes its initial state and its sampler noise on every env kind (:func:`first_episodes`), so the
+    same seeds give the same episodes whatever ``env.num_envs`` and two policies' records pair by it
+    (:mod:`vla_rl.eval.paired`). Also recorded: ``reset_seed`` (its round's reset seed) and ``env_index``.
+    The model computes a batch at once, so actions agree across batch sizes to float rounding (~1e-7), not bit
+    for bit; an outcome can differ only where an episode ends within that of a success boundary.
 
     ``videos`` > 0: the first ``videos`` episodes (envs ``0 .. videos - 1`` of the first round) are recorded,
     one frame per chunk, and their records carry ``frames`` (uint8 ``[H, W, 3]`` list; write them with
     :func:`~vla_rl.envs.video.record_video`). ``progress(done, total)`` is called whenever episodes end (a
     round's envs end their episodes at different chunks), with the number of episodes done so far.
 
-    Round ``r`` of ``env.num_envs`` episodes resets with seed ``seed + r * num_envs`` (fixed seeds: a result
-    is reproducible); ``execute`` actions of each chunk are run (default: the whole chunk). Why that stride:
-    worker envs (ManiSkill, LIBERO) give env ``i`` the seed ``seed + i``, so a stride of 1 (``seed + r``) would
-    make the rounds overlap: 100 episodes on 16 workers would cover only 22 distinct initial states."""
+    Round ``r`` of ``env.num_envs`` episodes resets with seed ``seed + r * num_envs``, and env ``i`` of it
+    plays episode seed ``seed + r * num_envs + i``; ``execute`` actions of each chunk are run (default: the
+    whole chunk)."""
     sampler = sampler or SamplerConfig()
     n = env.num_envs
-    gen = torch.Generator(device=actor.model.device)
     records: list[dict[str, Any]] = []
     done = [0]
 
@@ -100,7 +106,7 @@ def evaluate_episodes(actor: Actor, env, *, num_episodes: int, sampler: SamplerC
         if r == 0 and videos > 0:
             recorder = VideoRecorder(env, range(min(videos, count)), fps=video_fps, first_episode_only=True)
         ep = first_episodes(actor, env, seed=round_seed, count=count, sampler=sampler, execute=execute,
-                            generator=gen, recorder=recorder, on_episodes=ended)
+                            recorder=recorder, on_episodes=ended)
         for i in range(count):
             rec: dict[str, Any] = {"reset_seed": round_seed, "env_index": i, "episode_seed": round_seed + i,
                                    **{k: float(ep[k][i]) for k in EPISODE_METRICS}}
@@ -252,7 +258,8 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, *, over
     return metrics
 
 
-EPISODE_FILE_FORMAT = "vla-rl-eval-episodes/1"
+# /2: episodes are named by their seed (initial state and sampler noise); /1 files paired by (round seed, env index)
+EPISODE_FILE_FORMAT = "vla-rl-eval-episodes/2"
 
 
 def write_episode_file(out: str | Path, *, checkpoint: str, config: dict, env: dict, summary: dict,

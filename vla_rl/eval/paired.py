@@ -8,7 +8,8 @@ seeds' share of that spread: the standard error of a paired difference is ``sd(d
 correlated over seeds. The exact sign test (McNemar's, on the discordant episodes) gives a p-value that
 assumes nothing about the size of the spread.
 
-Episodes pair by ``(reset_seed, env_index)``, the key :func:`vla_rl.eval.evaluate.evaluate_episodes` records.
+Episodes pair by ``episode_seed``, which names an episode (its initial state and sampler noise) whatever the
+``num_envs`` it ran with (:func:`vla_rl.eval.evaluate.evaluate_episodes`).
 Files are ``vla-rl eval CKPT out=FILE.json`` outputs; several files per side pool (e.g. the 10k and 20k
 seed blocks).
 """
@@ -30,11 +31,10 @@ class EpisodeFileError(ValueError):
 
 @dataclass(frozen=True)
 class EpisodeSet:
-    """One side of a comparison: episodes keyed by (reset_seed, env_index), the env and ``num_envs``."""
+    """One side of a comparison: episodes keyed by their episode seed, and the env."""
 
-    episodes: dict[tuple[int, int], dict[str, float]]
+    episodes: dict[int, dict[str, float]]
     env: dict
-    num_envs: int
 
 
 def read_episode_file(path: str | Path) -> dict:
@@ -48,14 +48,13 @@ def read_episode_file(path: str | Path) -> dict:
         raise EpisodeFileError(f"{path}: not a JSON evaluation file ({e})") from None
     if not isinstance(doc, dict) or doc.get("format") != EPISODE_FILE_FORMAT:
         got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
-        raise EpisodeFileError(f"{path}: format is {got!r}, expected {EPISODE_FILE_FORMAT!r} "
+        old = " (an older file, whose episodes are not named by their seeds)" if got == "vla-rl-eval-episodes/1" else ""
+        raise EpisodeFileError(f"{path}: format is {got!r}{old}, expected {EPISODE_FILE_FORMAT!r} "
                                f"(write one with `vla-rl eval CKPT out={path.name}`)")
     for key, kind in (("config", dict), ("env", dict), ("episodes", list)):
         if not isinstance(doc.get(key), kind):
             raise EpisodeFileError(f"{path}: {key!r} is missing or not a {kind.__name__}")
-    if not isinstance(doc["config"].get("num_envs"), int):
-        raise EpisodeFileError(f"{path}: config.num_envs is missing or not an integer")
-    need = ("reset_seed", "env_index", *EPISODE_METRICS)
+    need = ("episode_seed", *EPISODE_METRICS)
     for i, rec in enumerate(doc["episodes"]):
         if not isinstance(rec, dict) or any(k not in rec for k in need):
             raise EpisodeFileError(f"{path}: episode {i} lacks one of {need}")
@@ -66,26 +65,25 @@ def read_episode_file(path: str | Path) -> dict:
 
 
 def load_side(paths: list[str | Path]) -> EpisodeSet:
-    """Pool the episodes of several evaluation files of one policy; they must share the env and ``num_envs``
-    and must not repeat an episode."""
+    """Pool the episodes of several evaluation files of one policy; they must share the env and must not repeat
+    an episode."""
     if not paths:
         raise EpisodeFileError("no evaluation files given")
-    episodes: dict[tuple[int, int], dict[str, float]] = {}
-    env = num_envs = None
+    episodes: dict[int, dict[str, float]] = {}
+    env = None
     for p in paths:
         doc = read_episode_file(p)
         if env is None:
-            env, num_envs = doc["env"], doc["config"]["num_envs"]
-        elif doc["env"] != env or doc["config"]["num_envs"] != num_envs:
-            raise EpisodeFileError(f"{p}: its env or num_envs differs from {paths[0]}'s; pool only evaluations "
-                                   "of the same task with the same num_envs")
+            env = doc["env"]
+        elif doc["env"] != env:
+            raise EpisodeFileError(f"{p}: its env differs from {paths[0]}'s; pool only evaluations of the same task")
         for rec in doc["episodes"]:
-            key = (int(rec["reset_seed"]), int(rec["env_index"]))
+            key = int(rec["episode_seed"])
             if key in episodes:
-                raise EpisodeFileError(f"{p}: episode (reset_seed {key[0]}, env {key[1]}) is already in an "
-                                       "earlier file of this side; each episode may count once")
+                raise EpisodeFileError(f"{p}: episode seed {key} is already in an earlier file of this side; each "
+                                       "episode may count once")
             episodes[key] = {k: float(rec[k]) for k in EPISODE_METRICS}
-    return EpisodeSet(episodes, env, num_envs)
+    return EpisodeSet(episodes, env)
 
 
 @dataclass(frozen=True)
@@ -174,15 +172,12 @@ def compare(base: EpisodeSet, new: EpisodeSet, metric: str = "success_once") -> 
         why = "; returns under different rewards do not compare" if set(bad) & REWARD_FIELDS else ""
         raise EpisodeFileError("the two sides evaluated different envs: " + ", ".join(
             f"{k} {a!r} vs {b!r}" for k, (a, b) in bad.items()) + why)
-    if base.num_envs != new.num_envs:
-        raise EpisodeFileError(f"num_envs differs ({base.num_envs} vs {new.num_envs}): episodes pair by (round "
-                               "seed, env index), so evaluate both with the same num_envs and seeds")
     only_base = sorted(set(base.episodes) - set(new.episodes))
     only_new = sorted(set(new.episodes) - set(base.episodes))
     if only_base or only_new:
         raise EpisodeFileError(f"{len(only_base)} episodes only in the base side (e.g. {only_base[:3]}) and "
-                               f"{len(only_new)} only in the new side (e.g. {only_new[:3]}), as (reset_seed, "
-                               "env_index): evaluate both with the same seed, episodes and num_envs")
+                               f"{len(only_new)} only in the new side (e.g. {only_new[:3]}), as episode seeds: "
+                               "evaluate both with the same seed and episodes")
     keys = sorted(base.episodes)
     r = paired_difference([base.episodes[k][metric] for k in keys], [new.episodes[k][metric] for k in keys],
                           metric)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vla_rl.outputs import REPORT, check_output
+from vla_rl.rl.health import HINTS, SIGNALS, HealthConfig, noise_cost_line, success_trend, trend_statement
 
 SUCCESS = "eval/success_once"
 DIAGNOSTICS = (  # (metric, title) of the diagnostics figure, in panel order
@@ -149,6 +150,41 @@ def _steps_axis(ax) -> None:
     ax.xaxis.set_major_formatter(EngFormatter(sep=""))
 
 
+def _ranges(iterations: list[int]) -> str:
+    """``[2, 3, 4, 7]`` -> ``"2-4, 7"``."""
+    parts, start = [], None
+    for i, it in enumerate(iterations):
+        if start is None:
+            start = it
+        if i + 1 == len(iterations) or iterations[i + 1] != it + 1:
+            parts.append(str(start) if start == it else f"{start}-{it}")
+            start = None
+    return ", ".join(parts)
+
+
+def health_text(run: Run) -> str:
+    """What a run's health metrics say (vla_rl/rl/health.py): the exploration noise's cost before RL, the
+    iterations each signal was raised with its hint, and whether success rose over the run (a trend test)."""
+    lines = [f"**{run.name}**", ""]
+    first = run.records[0] if run.records else {}
+    if "explore/success_noisy" in first:
+        lines.append("- " + noise_cost_line(first["explore/success_ode"], first["explore/success_noisy"],
+                                            episodes=int(first.get("eval/episodes", 0)), sampler_text="rollout",
+                                            max_cost=HealthConfig().max_noise_cost))
+    for name in SIGNALS:
+        its = [int(r["iteration"]) for r in run.records if r.get(f"health/{name}", 0) > 0]
+        if its:
+            lines.append(f"- {name.replace('_', ' ')}: iterations {_ranges(its)}: {HINTS[name]}")
+    if not any(r.get(f"health/{name}", 0) > 0 for r in run.records for name in SIGNALS):
+        lines.append("- no health signal was raised" if any("health/collapse" in r for r in run.records)
+                     else "- no health metrics in this run")
+    points = [(int(r["iteration"]), float(r[SUCCESS])) for r in run.records
+              if isinstance(r.get(SUCCESS), (int, float)) and math.isfinite(r[SUCCESS])]
+    if points:
+        lines.append(f"- {trend_statement(success_trend(points))}")
+    return "\n".join(lines) + "\n"
+
+
 def plot_runs(runs: list[Run], out_dir: str | Path) -> list[Path]:
     """Write ``success_vs_steps.png``, ``success_vs_time.png`` and ``diagnostics.png`` into ``out_dir``;
     returns their paths. Every run is one line, labelled with its name."""
@@ -208,9 +244,10 @@ def plot_runs(runs: list[Run], out_dir: str | Path) -> list[Path]:
 
 def write_report(run_dirs: list[str | Path], out_dir: str | Path, *, names: list[str] | None = None,
                  target: float = TARGET, overwrite: bool = False) -> tuple[Path, str]:
-    """Plot ``run_dirs`` and write ``report.md`` (the summary table and the figures) into ``out_dir``;
-    returns its path and the summary table. ``out_dir`` may hold an earlier report (its files are replaced);
-    other files there need ``overwrite``, and another kind of data is refused (:mod:`vla_rl.outputs`)."""
+    """Plot ``run_dirs`` and write ``report.md`` (the summary table, each run's health and trend, and the figures)
+    into ``out_dir``; returns its path and the text of the table and the health sections. ``out_dir`` may hold an
+    earlier report (its files are replaced); other files there need ``overwrite``, and another kind of data is
+    refused (:mod:`vla_rl.outputs`)."""
     if not run_dirs:
         raise ReportError("give at least one run folder")
     check_output(out_dir, overwrite=overwrite, kind=REPORT, reuse=True, elsewhere="another --out",
@@ -223,11 +260,12 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path, *, names: list
         raise ReportError(f"two runs are both named {dup}: name them with --names")
     figures = plot_runs(runs, out_dir)
     table = summary_table([summarize_run(r, target) for r in runs], target)
+    health = "## Training health\n\n" + "\n".join(health_text(r) for r in runs)
     body = ["# Training report", "", "Runs: " + ", ".join(f"`{r.name}` ({d})" for r, d in zip(runs, run_dirs)), "",
-            table, *[f"![{p.stem}]({p.name})" for p in figures], ""]
+            table, health, *[f"![{p.stem}]({p.name})" for p in figures], ""]
     path = Path(out_dir) / "report.md"
     _replace_atomically(path, lambda tmp: tmp.write_text("\n".join(body)))
-    return path, table
+    return path, table + "\n" + health
 
 
 def _replace_atomically(path: Path, write) -> None:

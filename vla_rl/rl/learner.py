@@ -251,6 +251,10 @@ class Learner:
         out["train/samples"] = float(total)
         out["train/lr_actor"] = lr_actor
         out["train/advantage_mean"] = float(adv.mean())
+        # Before normalisation (PPO: the GAE advantages, returns - values): ~0 everywhere means no signal.
+        raw = adv if cfg.algorithm == "grpo" else ret - old_v
+        out["train/advantage_std_raw"] = float(raw[valid].std()) if total > 1 else 0.0
+        out["train/applied_steps"] = float(count)
         return out
 
     def _share(self, mb: Tensor) -> tuple[Tensor, bool]:

@@ -53,6 +53,15 @@ from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.progress import progress
+from vla_rl.rl.health import (
+    HealthConfig,
+    HealthMonitor,
+    flow_noise_entropy_floor,
+    noise_cost,
+    noise_cost_line,
+    success_trend,
+    trend_statement,
+)
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.rollout import collect_rollout, step_groups
 from vla_rl.threads import local_worker_processes, policy_threads, threads_note
@@ -110,6 +119,9 @@ class TrainConfig:
     # On CUDA (local runtime) the run first plans its memory per GPU (vla_rl/train/memory_plan.py) and stops before
     # starting anything if it cannot fit, naming settings that would; false skips the check.
     memory_plan: bool = True
+    # Training-health signals (no signal, collapse, value blind) and the exploration noise's cost before RL
+    # (vla_rl/rl/health.py, docs/training.md#training-health).
+    health: HealthConfig = field(default_factory=HealthConfig)
 
     def __post_init__(self):
         check_ranges(self)
@@ -338,10 +350,34 @@ class Trainer:
         self.history.append(metrics)
         self.metrics.record(metrics)
 
-    def evaluate(self) -> dict[str, float]:
-        sampler = self.cfg.sampler if self.cfg.eval_method == "train" else replace(self.cfg.sampler, method="ode")
+    def evaluate(self, method: str | None = None) -> dict[str, float]:
+        """Evaluate on the evaluation episodes with ``eval_method``'s sampler, or ``method`` (``ode`` or
+        ``train``: the rollout sampler)."""
+        method = method or self.cfg.eval_method
+        sampler = self.cfg.sampler if method == "train" else replace(self.cfg.sampler, method="ode")
         return evaluate(self.actor, self.eval_env, num_episodes=self.cfg.eval_episodes, sampler=sampler,
                         execute=self.cfg.execute, seed=self.cfg.eval_seed, progress=self.cfg.progress)
+
+    def _exploration_cost(self, m: dict) -> dict[str, float]:
+        """The rollout sampler's success against the ODE sampler's on the same evaluation episodes (each
+        episode's initial state and initial noise are fixed by its seed), logged with the rule's hint."""
+        cfg = self.cfg
+        other = self.evaluate("ode" if cfg.eval_method == "train" else "train")["eval/success_once"]
+        ode, noisy = (m["eval/success_once"], other) if cfg.eval_method == "ode" else (other, m["eval/success_once"])
+        s = cfg.sampler
+        pcfg = self.actor.model.cfg
+        text = (f"Flow-SDE {s.sde_mode}, noise level {s.noise_level:g}" if s.method == "sde" else
+                f"Flow-Noise, std in [{pcfg.noise_std_min:g}, {pcfg.noise_std_max:g}]")
+        self.log(noise_cost_line(ode, noisy, episodes=cfg.eval_episodes, sampler_text=text,
+                                 max_cost=cfg.health.max_noise_cost))
+        return {"explore/success_ode": ode, "explore/success_noisy": noisy,
+                "explore/noise_cost": noise_cost(ode, noisy)}
+
+    def _trend_metrics(self, m: dict) -> dict[str, float]:
+        """The Mann-Kendall trend of the evaluations so far (this iteration's included)."""
+        points = [(h["iteration"], h["eval/success_once"]) for h in [*self.history, m] if "eval/success_once" in h]
+        trend = success_trend(points)
+        return {} if trend.p is None else {"eval/trend_tau": trend.tau, "eval/trend_p": trend.p}
 
     def _evaluate_and_keep_best(self) -> dict[str, float]:
         """Evaluate; when ``keep_best`` and the success beats every earlier evaluation of this run (resumed
@@ -417,14 +453,31 @@ class Trainer:
             m = {"iteration": 0, "time/env_steps": 0, **self._evaluate_and_keep_best()}
             how = "ODE" if cfg.eval_method == "ode" else f"{cfg.sampler.method} sampler"
             self.log(f"before RL: eval success {m['eval/success_once']:.3f} ({how}, {cfg.eval_episodes} episodes)")
+            if cfg.health.measure_noise_cost:
+                m.update(self._exploration_cost(m))
             self._record(m)
+        entropy_min = (flow_noise_entropy_floor(self.actor.model.cfg.noise_std_min)
+                       if cfg.sampler.method == "noise" else None)
+        self.health = HealthMonitor(cfg.health, entropy_min=entropy_min)
+        self.health.replay(self.history)
         bar = progress(total=cfg.iterations, initial=self.iteration, desc="rl", unit="iterations",
                        enabled=cfg.progress)
         try:
             self._iterate(bar, started)
         finally:
             bar.close()
+        self._log_summary()
         return self.history
+
+    def _log_summary(self) -> None:
+        """The run's summary in the log: did success rise (a trend test), and which health signals were raised."""
+        points = [(h["iteration"], h["eval/success_once"]) for h in self.history if "eval/success_once" in h]
+        if points:
+            self.log(f"summary: {trend_statement(success_trend(points))}")
+        flagged = {name: sum(h.get(f"health/{name}", 0) > 0 for h in self.history) for name in self.health.raised}
+        raised = [f"{name.replace('_', ' ')} in {k} iterations" for name, k in flagged.items() if k]
+        self.log("summary: health signals raised: " + ", ".join(raised) if raised
+                 else "summary: no health signal was raised")
 
     def _iterate(self, bar, started: float) -> None:
         cfg = self.cfg
@@ -448,6 +501,8 @@ class Trainer:
             env_steps += ro.env_steps
             m = {"iteration": self.iteration, "time/env_steps": env_steps, "time/env_steps_iter": ro.env_steps,
                  **ro.metrics(), **metrics}
+            for line in self.health.update(m):
+                self.log(line)
             problem = self._update_problem(m)
             if problem:   # the iteration's metrics are kept for the diagnosis; nothing of it is saved
                 self._record(m)
@@ -456,6 +511,7 @@ class Trainer:
             last = self._over_budget(started, t0)
             if self.iteration % cfg.eval_every == 0 or self.iteration == cfg.iterations or last:
                 m.update(self._evaluate_and_keep_best())
+                m.update(self._trend_metrics(m))
             dt = time.perf_counter() - t0
             m["time/env_steps_per_s"] = ro.env_steps / t_roll
             m["time/iteration_s"] = dt
