@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..policies.ranges import check_ranges, nonneg, positive
+
 POS_SCALE, ROT_SCALE = 0.05, 0.5      # OSC_POSE output_max: metres / radians per unit action
 OPEN, CLOSE = -1.0, 1.0
 CORNERS = np.array([[i, j, k] for i in (-1, 1) for j in (-1, 1) for k in (-1, 1)], dtype=float)
@@ -323,18 +325,21 @@ def corridor_top(scene: Scene, start: np.ndarray, end: np.ndarray, margin: float
 class ExpertConfig:
     """Gains, heights and tolerances of :class:`LiberoExpert`."""
 
-    gain: float = 4.0            # position P gain (error in 5 cm units)
-    max_speed: float = 1.0       # norm limit of the position action
-    hover: float = 0.08          # pre-grasp height above the grasp point
-    clearance: float = 0.05      # carried object's bottom above the obstacles on its path
-    release_gap: float = 0.015   # object bottom above the support surface when it is let go
-    pos_tol: float = 0.008       # waypoint reached (m)
-    yaw_tol: float = 0.08        # rad
-    grasp_steps: int = 12        # steps with the gripper closing before lifting
-    release_steps: int = 8
-    max_phase_steps: int = 80    # a waypoint not reached by then is given up
-    max_retries: int = 2         # new grasps after one that did not lift the object
-    jitter: float = 0.0          # std of seeded waypoint offsets (m), for varied demonstrations
+    gain: float = positive(4.0)          # position P gain (error in 5 cm units)
+    max_speed: float = positive(1.0)     # norm limit of the position action
+    hover: float = nonneg(0.08)          # pre-grasp height above the grasp point
+    clearance: float = nonneg(0.05)      # carried object's bottom above the obstacles on its path
+    release_gap: float = nonneg(0.015)   # object bottom above the support surface when it is let go
+    pos_tol: float = positive(0.008)     # waypoint reached (m)
+    yaw_tol: float = positive(0.08)      # rad
+    grasp_steps: int = positive(12)      # steps with the gripper closing before lifting
+    release_steps: int = positive(8)
+    max_phase_steps: int = positive(80)  # a waypoint not reached by then is given up
+    max_retries: int = nonneg(2)         # new grasps after one that did not lift the object
+    jitter: float = nonneg(0.0)          # std of seeded waypoint offsets (m), for varied demonstrations
+
+    def __post_init__(self):
+        check_ranges(self)
 
 
 class LiberoExpert:

@@ -46,7 +46,8 @@ EVAL_FILE = "evaluation file"
 # checkout (runs/ inside the project's own checkout is the usual place for outputs).
 PRECIOUS = (RUN, CHECKPOINT, POLICY, EXPORT, LEROBOT_POLICY, DATASET, TRAJECTORIES)
 BENCH_TASK_FORMAT = "vla-rl-bench-task/1"
-EVAL_FILE_FORMAT = "vla-rl-eval-episodes/1"
+EVAL_FILE_FORMAT = "vla-rl-eval-episodes/2"
+EVAL_FILE_OLDER = ("vla-rl-eval-episodes/1",)   # evaluation files written before episodes were named by their seeds
 
 
 def _listing(path: Path, limit: int = 4) -> str:
@@ -120,7 +121,7 @@ def file_kind(path: str | Path) -> str | None:
     """What the file ``path`` is: an evaluation file (``vla-rl eval out=``), a file of a folder of a
     :data:`PRECIOUS` kind (``"file of the training run runs/a"``), or None."""
     path = Path(path)
-    if path.is_file() and path.suffix == ".json" and _json(path).get("format") == EVAL_FILE_FORMAT:
+    if path.is_file() and path.suffix == ".json" and _json(path).get("format") in (EVAL_FILE_FORMAT, *EVAL_FILE_OLDER):
         return EVAL_FILE
     return part_of(path, "file")
 
