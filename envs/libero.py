@@ -120,6 +120,21 @@ def quat_to_axis_angle(quat: np.ndarray) -> np.ndarray:
     return q[:3] * (2.0 * math.acos(w) / den)
 
 
+def check_task_selection(cfg, *, distinct_ids: bool = False) -> None:
+    """The suite, cameras, task ids and init-state ids of a LIBERO env config (this adapter's or libero_warp's)
+    name things that exist; ``distinct_ids``: an id may not repeat."""
+    if cfg.suite not in SUITE_MAX_STEPS:
+        raise ValueError(f"unknown LIBERO suite {cfg.suite!r}; one of {list(SUITE_MAX_STEPS)}")
+    bad = [c for c in cfg.cameras if c not in CAMERAS]
+    if bad or len(set(cfg.cameras)) != len(cfg.cameras):
+        raise ValueError(f"cameras must be distinct names from {list(CAMERAS)}, got {cfg.cameras}")
+    for name in ("task_ids", "init_state_ids"):
+        ids = getattr(cfg, name)
+        if ids is not None and (not ids or any(i < 0 for i in ids) or (distinct_ids and len(set(ids)) != len(ids))):
+            what = "distinct ids" if distinct_ids else "ids"
+            raise ValueError(f"{name} must be None or a non-empty list of {what} >= 0, got {ids}")
+
+
 @dataclass(frozen=True)
 class LiberoConfig:
     """One LIBERO single env (one worker). Derived values are properties."""
@@ -156,15 +171,7 @@ class LiberoConfig:
 
     def __post_init__(self):
         check_ranges(self)
-        if self.suite not in SUITE_MAX_STEPS:
-            raise ValueError(f"unknown LIBERO suite {self.suite!r}; one of {list(SUITE_MAX_STEPS)}")
-        bad = [c for c in self.cameras if c not in CAMERAS]
-        if bad or len(set(self.cameras)) != len(self.cameras):
-            raise ValueError(f"cameras must be distinct names from {list(CAMERAS)}, got {self.cameras}")
-        for name in ("task_ids", "init_state_ids"):
-            ids = getattr(self, name)
-            if ids is not None and (not ids or any(i < 0 for i in ids)):
-                raise ValueError(f"{name} must be None or a non-empty list of ids >= 0, got {ids}")
+        check_task_selection(self)
 
     @property
     def episode_steps(self) -> int:

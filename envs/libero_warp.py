@@ -47,7 +47,17 @@ from torch import Tensor
 from ..policies.ranges import check_ranges, nonneg, positive, ranged
 from .base import ChunkStep, EnvSpec, EpisodeTracker, check_action_chunk, check_env_indices
 from .bddl_predicates import GoalEvaluator
-from .libero import ACTION_DIM, CAMERAS, NOOP, STATE_DIM, SUITE_MAX_STEPS, SUITE_NUM_TASKS, Camera, Suite
+from .libero import (
+    ACTION_DIM,
+    CAMERAS,
+    NOOP,
+    STATE_DIM,
+    SUITE_MAX_STEPS,
+    SUITE_NUM_TASKS,
+    Camera,
+    Suite,
+    check_task_selection,
+)
 from .libero_scene import load_task_scene
 from .osc import clip_torques, gripper_step, hinge_jacobian, osc_torques, set_goal
 
@@ -121,15 +131,7 @@ class LiberoWarpConfig:
 
     def __post_init__(self):
         check_ranges(self)
-        if self.suite not in SUITE_MAX_STEPS:
-            raise ValueError(f"unknown LIBERO suite {self.suite!r}; one of {list(SUITE_MAX_STEPS)}")
-        bad = [c for c in self.cameras if c not in CAMERAS]
-        if bad or len(set(self.cameras)) != len(self.cameras):
-            raise ValueError(f"cameras must be distinct names from {list(CAMERAS)}, got {self.cameras}")
-        for name in ("task_ids", "init_state_ids"):
-            ids = getattr(self, name)
-            if ids is not None and (not ids or any(i < 0 for i in ids) or len(set(ids)) != len(ids)):
-                raise ValueError(f"{name} must be None or a non-empty list of distinct ids >= 0, got {ids}")
+        check_task_selection(self, distinct_ids=True)
 
     @property
     def episode_steps(self) -> int:
