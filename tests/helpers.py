@@ -7,6 +7,7 @@ fails its tests, unless ``VLA_RL_SKIP_SIMULATORS=1`` turns that into a skip.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import importlib.util
 import os
@@ -107,3 +108,19 @@ def train_config(init, out, **over):
             "save_every": 1, "keep_last": 5, "out": str(out), "progress": False, "tensorboard": False,
             "ppo": {"update_epochs": 2, "minibatches": 2}}
     return from_dict(TrainConfig, {**base, **over})
+
+
+def disk_full_at(save_file, suffix: str, error: str):
+    """A ``save_file`` that fills the disk when it writes a file ending in ``suffix``: an ``OSError`` (ENOSPC) for
+    ``error="oserror"``, else the ``SafetensorError`` safetensors raises for it; other files are written by
+    ``save_file``."""
+    from safetensors import SafetensorError
+
+    def full(tensors, path, *a, **k):
+        if path.endswith(suffix):
+            raise (OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) if error == "oserror" else
+                   SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: '
+                                   '"No space left on device" })'))
+        return save_file(tensors, path, *a, **k)
+
+    return full

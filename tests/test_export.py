@@ -15,6 +15,7 @@ import pytest
 import torch
 import yaml
 from exported_fixture import observation, policy_folder
+from helpers import disk_full_at
 
 from vla_rl.checkpoint.folders import CheckpointError
 from vla_rl.cli import main
@@ -422,24 +423,12 @@ def test_cli_export_says_in_one_line_what_the_source_does_not_record(tmp_path, c
 
 @pytest.mark.parametrize("error", ["oserror", "safetensors"])
 def test_a_full_disk_during_export_is_a_file_error_and_writes_nothing(source, tmp_path, monkeypatch, capsys, error):
-    import errno
-
-    from safetensors import SafetensorError
-
     import vla_rl.interop.export as export_mod
 
     out = export_policy(source[0], tmp_path / "out", dtype="fp32")
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    real = export_mod.save_file
-
-    def full(tensors, path, *a, **k):
-        if path.endswith("norm_stats.safetensors"):   # the second file: the disk fills up
-            raise (OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) if error == "oserror" else
-                   SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: '
-                                   '"No space left on device" })'))
-        return real(tensors, path, *a, **k)
-
-    monkeypatch.setattr(export_mod, "save_file", full)
+    # the second file: the disk fills up
+    monkeypatch.setattr(export_mod, "save_file", disk_full_at(export_mod.save_file, "norm_stats.safetensors", error))
     assert main(["export", str(source[0]), str(out), "--dtype", "fp32", "--overwrite"]) == 2
     assert main(["export", str(source[0]), str(tmp_path / "new"), "--dtype", "fp32"]) == 2
     err = capsys.readouterr().err.splitlines()

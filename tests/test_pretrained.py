@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import disk_full_at
 from safetensors.torch import load_file
 
 from vla_rl.checkpoint import lerobot_pi as lr_import
@@ -289,21 +290,8 @@ def test_the_import_hint_names_an_override_that_works(sp_model, tmp_path, capsys
 @pytest.mark.parametrize("error", ["oserror", "safetensors"])
 def test_a_full_disk_during_import_is_a_file_error_and_writes_nothing(sp_model, tmp_path, monkeypatch, capsys,
                                                                      error):
-    import errno
-    import os
-
-    from safetensors import SafetensorError
-
-    real = lr_import.save_file
-
-    def full(tensors, path, *a, **k):
-        if path.endswith("norm_stats.safetensors"):   # after the weights: the disk fills up
-            raise (OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) if error == "oserror" else
-                   SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "
-                                   '"No space left on device" })'))
-        return real(tensors, path, *a, **k)
-
-    monkeypatch.setattr(lr_import, "save_file", full)
+    # after the weights: the disk fills up
+    monkeypatch.setattr(lr_import, "save_file", disk_full_at(lr_import.save_file, "norm_stats.safetensors", error))
     out = tmp_path / "out"
     assert cli_main(["import", "lerobot", str(FIXTURES / "pi0"), str(out), "--tokenizer", str(sp_model),
                      "vision.num_heads=2"]) == 2
