@@ -22,6 +22,11 @@ from torch import Tensor
 EPISODE_METRICS = ("success_once", "success_at_end", "return", "length")
 
 
+class SimulatorUnavailable(RuntimeError):
+    """A simulator (or a package, driver or asset it needs) is missing on this machine: the message says what to
+    install. The CLI reports it as an env error; resuming a run would not help."""
+
+
 @dataclass
 class EnvSpec:
     """What a policy needs to know about an environment."""

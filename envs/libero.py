@@ -41,7 +41,7 @@ from typing import Literal
 import numpy as np
 
 from ..policies.ranges import check_ranges, nonneg, ranged
-from .base import EnvSpec
+from .base import EnvSpec, SimulatorUnavailable
 from .cache import cache_dir
 from .libero_reward import Shaping
 
@@ -68,7 +68,7 @@ Suite = Literal["libero_spatial", "libero_object", "libero_goal", "libero_10", "
 Camera = Literal["agentview", "wrist"]
 
 
-class LiberoNotInstalled(RuntimeError):
+class LiberoNotInstalled(SimulatorUnavailable):
     """LIBERO (or its config / assets) is missing."""
 
 

@@ -45,7 +45,14 @@ import torch
 from torch import Tensor
 
 from ..policies.ranges import check_ranges, nonneg, positive, ranged
-from .base import ChunkStep, EnvSpec, EpisodeTracker, check_action_chunk, check_env_indices
+from .base import (
+    ChunkStep,
+    EnvSpec,
+    EpisodeTracker,
+    SimulatorUnavailable,
+    check_action_chunk,
+    check_env_indices,
+)
 from .bddl_predicates import GoalEvaluator
 from .libero import (
     ACTION_DIM,
@@ -72,7 +79,7 @@ DERIVED_FIELDS = ("xpos", "xquat", "xmat", "site_xpos", "site_xmat", "geom_xpos"
                   "cam_xmat", "light_xpos", "light_xdir")
 
 
-class LiberoWarpNotInstalled(RuntimeError):
+class LiberoWarpNotInstalled(SimulatorUnavailable):
     """MuJoCo Warp (``mujoco-warp`` / ``warp-lang``) is missing or does not match the installed MuJoCo."""
 
 

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from ..policies.ranges import check_ranges, ranged, setting
-from .base import ChunkStep, EnvSpec, EpisodeTracker, check_action_chunk, check_env_indices
+from .base import ChunkStep, EnvSpec, EpisodeTracker, SimulatorUnavailable, check_action_chunk, check_env_indices
 from .cache import cache_dir, checkout_root
 from .workers import WorkerVectorEnv
 
@@ -123,7 +123,7 @@ class ManiSkillConfig:
         return self.obs_mode != "state"
 
 
-class ManiSkillUnavailable(RuntimeError):
+class ManiSkillUnavailable(SimulatorUnavailable):
     """ManiSkill, its Vulkan driver or its GPU physics library cannot be used on this machine."""
 
 

@@ -405,6 +405,26 @@ def test_every_user_error_class_exists_where_the_cli_looks_it_up():
         assert isinstance(cls, type) and issubclass(cls, Exception) and cls.__module__ == module, (module, name)
 
 
+def test_a_missing_simulator_is_an_env_error_without_the_resume_hint():
+    """Every simulator's "not installed" error is one class (envs.base.SimulatorUnavailable): an env error whose
+    advice is its own message (what to install), not "resume the run", which would fail the same way."""
+    import argparse
+
+    from vla_rl.cli import advice, error_kind
+    from vla_rl.envs.base import SimulatorUnavailable
+    from vla_rl.envs.libero import LiberoNotInstalled
+    from vla_rl.envs.libero_warp import LiberoWarpNotInstalled
+    from vla_rl.envs.maniskill import ManiSkillUnavailable
+    from vla_rl.envs.worker_pool import WorkerError
+
+    args = argparse.Namespace(command="train", run_dir="runs/x")
+    for cls in (LiberoNotInstalled, LiberoWarpNotInstalled, ManiSkillUnavailable):
+        assert issubclass(cls, SimulatorUnavailable)
+        assert error_kind(cls("x")) == "env" and advice("env", args, cls("x")) == "", cls
+    assert error_kind(WorkerError(0, "died")) == "env"
+    assert "--resume runs/x" in advice("env", args, WorkerError(0, "died"))
+
+
 def test_a_bug_is_one_line_with_exit_1_and_points_at_debug(tmp_path, monkeypatch, capsys):
     import vla_rl.data.collect as collect
 

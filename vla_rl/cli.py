@@ -37,9 +37,7 @@ USER_ERRORS = [
     ("vla_rl.eval.paired", "EpisodeFileError", "input"),
     ("vla_rl.train.trainer", "TrainingError", "training"),
     ("vla_rl.envs.worker_pool", "WorkerError", "env"),
-    ("vla_rl.envs.libero", "LiberoNotInstalled", "env"),
-    ("vla_rl.envs.libero_warp", "LiberoWarpNotInstalled", "env"),
-    ("vla_rl.envs.maniskill", "ManiSkillUnavailable", "env"),
+    ("vla_rl.envs.base", "SimulatorUnavailable", "env"),   # LIBERO, libero_warp, ManiSkill missing
     ("vla_rl.policies.tokenizer", "TokenizerError", "tokenizer"),
     ("vla_rl.distributed.runtime", "ClusterError", "cluster"),
     ("vla_rl.eval.bench", "BenchError", "bench"),
@@ -546,8 +544,8 @@ def run_dir(args) -> str:
 def advice(kind: str, args, e: BaseException | None = None) -> str:
     """What a CLI user can do next, where the error's message cannot know it."""
     # A simulator that is not installed: its message says what to install; resuming would not help.
-    missing = e is not None and type(e).__name__ in ("LiberoNotInstalled", "LiberoWarpNotInstalled",
-                                                     "ManiSkillUnavailable")
+    unavailable = getattr(sys.modules.get("vla_rl.envs.base"), "SimulatorUnavailable", None)
+    missing = unavailable is not None and isinstance(e, unavailable)
     if kind == "env" and args.command == "train" and not missing:
         return (f"; the run's checkpoints are intact: continue it with `vla-rl train --resume {run_dir(args)} "
                 "env.restart_dead_workers=2`, which also restarts env workers that die")
