@@ -110,6 +110,47 @@ def check_action_chunk(chunk: Tensor, spec: EnvSpec, *, max_horizon: int | None 
     return chunk.to(device=device, dtype=torch.float32)
 
 
+class ChunkBook:
+    """The bookkeeping each batched env's ``step`` does per action of a chunk: which envs still act, their
+    rewards, and whether and how each episode ended inside the chunk (the ``ChunkStep`` fields other than the
+    observations)."""
+
+    def __init__(self, n: int, horizon: int, device):
+        self.rewards = torch.zeros(n, horizon, device=device)
+        self.active = torch.ones(n, dtype=torch.bool, device=device)
+        self.terminated = torch.zeros(n, dtype=torch.bool, device=device)
+        self.truncated = torch.zeros_like(self.terminated)
+        self.success = torch.zeros_like(self.terminated)
+        self.steps = torch.zeros(n, dtype=torch.long, device=device)
+
+    def book(self, h: int, reward: Tensor, success: Tensor, terminal: Tensor, t: Tensor, max_steps: int,
+             tracker: EpisodeTracker) -> Tensor:
+        """Record action ``h`` for the envs still acting: ``t`` (each env's step in its episode) counts it, in
+        place; an env's episode ends when ``terminal`` or when ``t`` reaches ``max_steps`` (a truncation). Returns
+        the envs whose episode ended at this action; from here on they do not act."""
+        a = self.active
+        t += a.long()
+        self.rewards[:, h] = reward * a
+        tracker.update(reward, success, a)
+        self.steps += a.long()
+        self.success = torch.where(a, success, self.success)
+        new_term = terminal & a
+        new_trunc = (t >= max_steps) & a & ~terminal
+        self.terminated |= new_term
+        self.truncated |= new_trunc
+        ended = new_term | new_trunc
+        self.active = a & ~ended
+        return ended
+
+    @property
+    def done(self) -> Tensor:
+        return self.terminated | self.truncated
+
+    def result(self, obs: dict, **rest) -> ChunkStep:
+        return ChunkStep(obs=obs, rewards=self.rewards, terminated=self.terminated, truncated=self.truncated,
+                         success=self.success, steps=self.steps, **rest)
+
+
 class EpisodeTracker:
     """Running per-env episode statistics (success_once, return, length), vectorised.
 

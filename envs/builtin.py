@@ -32,7 +32,7 @@ from torch import Tensor
 
 from ..policies.keyed_random import keyed_uniform
 from ..policies.ranges import check_ranges, nonneg, positive, ranged, setting
-from .base import ChunkStep, EnvSpec, EpisodeTracker, check_action_chunk
+from .base import ChunkBook, ChunkStep, EnvSpec, EpisodeTracker, check_action_chunk
 
 COLORS = ("red", "green", "blue")
 RGB = torch.tensor([[220, 40, 40], [40, 190, 60], [50, 90, 235]], dtype=torch.uint8)
@@ -196,12 +196,7 @@ class ColorReachEnv:
         chunk = check_action_chunk(chunk, self.spec, device=self.device)
         n, horizon = chunk.shape[:2]
         cfg = self.cfg
-        rewards = torch.zeros(n, horizon, device=self.device)
-        active = torch.ones(n, dtype=torch.bool, device=self.device)
-        terminated = torch.zeros(n, dtype=torch.bool, device=self.device)
-        truncated = torch.zeros_like(terminated)
-        success = torch.zeros_like(terminated)
-        steps = torch.zeros(n, dtype=torch.long, device=self.device)
+        book = ChunkBook(n, horizon, self.device)
         for h in range(horizon):
             a = chunk[:, h]
             goal = self.goal_position()
@@ -210,31 +205,23 @@ class ColorReachEnv:
                 moved = self.pos + (a - self.pos).clamp(-cfg.step_size, cfg.step_size)
             else:
                 moved = (self.pos + cfg.step_size * a).clamp(-1, 1)
-            act = active[:, None]
+            act = book.active[:, None]
             self.pos = torch.where(act, moved, self.pos)
             self.last_action = torch.where(act, a, self.last_action)
-            self.t += active.long()
             dist = (self.pos - goal).norm(dim=1)
             succ = self._on_goal(self.pos)
             if cfg.reward == "dense":
                 r = cfg.progress_scale * (prev_dist - dist) / cfg.step_size + cfg.success_bonus * succ
             else:
                 r = succ.float()
-            rewards[:, h] = r * active
-            self.tracker.update(r, succ, active)
-            steps += active.long()
-            success = torch.where(active, succ, success)
-            terminated |= succ & active
-            truncated |= (self.t >= cfg.max_episode_steps) & active & ~succ
-            active = active & ~(terminated | truncated)
-        done = terminated | truncated
+            book.book(h, r, succ, succ, self.t, cfg.max_episode_steps, self.tracker)
+        done = book.done
         final_obs, episodes = None, {}
         if bool(done.any()):
             final_obs = self.observe()
-            episodes = self.tracker.finish(done, success)
+            episodes = self.tracker.finish(done, book.success)
             self._randomize(done.nonzero(as_tuple=True)[0])
-        return ChunkStep(obs=self.observe(), rewards=rewards, terminated=terminated, truncated=truncated,
-                         success=success, steps=steps, final_obs=final_obs, episodes=episodes)
+        return book.result(self.observe(), final_obs=final_obs, episodes=episodes)
 
 
 class ColorReachSingleEnv:

@@ -46,6 +46,7 @@ from torch import Tensor
 
 from ..policies.ranges import check_ranges, nonneg, positive, ranged
 from .base import (
+    ChunkBook,
     ChunkStep,
     EnvSpec,
     EpisodeTracker,
@@ -532,32 +533,17 @@ class LiberoWarpEnv:
         chunk = check_action_chunk(chunk, self.spec, device=self.device).clamp(-1.0, 1.0)
         n, horizon = chunk.shape[:2]
         dev = self.device
-        rewards = torch.zeros(n, horizon, device=dev)
-        active = torch.ones(n, dtype=torch.bool, device=dev)
-        terminated = torch.zeros(n, dtype=torch.bool, device=dev)
-        truncated = torch.zeros_like(terminated)
-        success = torch.zeros_like(terminated)
-        steps = torch.zeros(n, dtype=torch.long, device=dev)
+        book = ChunkBook(n, horizon, dev)
         final_state = torch.zeros(n, STATE_DIM, device=dev)
         frozen: list[dict | None] = [None] * len(self.batches)   # per batch: snapshot of its ended rows
         frozen_rows: list[Tensor | None] = [None] * len(self.batches)
         for h in range(horizon):
-            action = torch.where(active[:, None], chunk[:, h], self._noop)
+            action = torch.where(book.active[:, None], chunk[:, h], self._noop)
             for b, batch in enumerate(self.batches):
                 rows = self.rows[b]
                 batch.physics_step(action[rows.start:rows.stop])
             succ = self.success()
-            self._t += active.long()
-            reward = succ.float()
-            rewards[:, h] = reward * active
-            self.tracker.update(reward, succ, active)
-            steps += active.long()
-            success = torch.where(active, succ, success)
-            new_term = succ & active
-            new_trunc = (self._t >= self.spec.max_episode_steps) & active & ~succ
-            ended = new_term | new_trunc
-            terminated |= new_term
-            truncated |= new_trunc
+            ended = book.book(h, succ.float(), succ, succ, self._t, self.spec.max_episode_steps, self.tracker)
             if bool(ended.any()):
                 final_state[ended] = self.state()[ended]
                 for b, batch in enumerate(self.batches):
@@ -570,21 +556,19 @@ class LiberoWarpEnv:
                         else:
                             frozen[b] = {k: torch.cat([frozen[b][k], snap[k]]) for k in snap}
                             frozen_rows[b] = torch.cat([frozen_rows[b], local])
-            active &= ~ended
-            if not bool(active.any()):
+            if not bool(book.active.any()):
                 break
         for batch in self.batches:
             batch.check_buffers()
-        done = terminated | truncated
+        done = book.done
         if not bool(done.any()):
-            return ChunkStep(obs=self.observe(), rewards=rewards, terminated=terminated, truncated=truncated,
-                             success=success, steps=steps, final_obs=None)
+            return book.result(self.observe(), final_obs=None)
         for b, batch in enumerate(self.batches):
             if frozen[b] is not None:
                 batch.restore(frozen_rows[b], frozen[b])
         images, state = self.images(), self.state()
         final_obs = {"images": images, "state": final_state, "instruction": list(self.instructions)}
-        episodes = self.tracker.finish(done, success)
+        episodes = self.tracker.finish(done, book.success)
         rows = [i for i in self._final_frames if bool(done[i])]
         frames = {i: self._frame(images[i]) for i in rows} if rows and images.shape[1] else None
         worlds = done.nonzero(as_tuple=True)[0].tolist()
@@ -595,8 +579,7 @@ class LiberoWarpEnv:
             images = torch.where(done[:, None, None, None, None], self.images(), images)
         obs = {"images": images, "state": torch.where(done[:, None], self.state(), state),
                "instruction": list(self.instructions)}
-        return ChunkStep(obs=obs, rewards=rewards, terminated=terminated, truncated=truncated, success=success,
-                         steps=steps, final_obs=final_obs, episodes=episodes, final_frames=frames)
+        return book.result(obs, final_obs=final_obs, episodes=episodes, final_frames=frames)
 
     # ------------------------------------------------------------------------------------------------ videos
     def set_final_frames(self, indices: list[int]) -> None:

@@ -37,7 +37,15 @@ import torch
 from torch import Tensor
 
 from ..policies.ranges import check_ranges, ranged, setting
-from .base import ChunkStep, EnvSpec, EpisodeTracker, SimulatorUnavailable, check_action_chunk, check_env_indices
+from .base import (
+    ChunkBook,
+    ChunkStep,
+    EnvSpec,
+    EpisodeTracker,
+    SimulatorUnavailable,
+    check_action_chunk,
+    check_env_indices,
+)
 from .cache import cache_dir, checkout_root
 from .workers import WorkerVectorEnv
 
@@ -436,30 +444,16 @@ class ManiSkillGPUEnv:
         chunk = check_action_chunk(chunk, self.spec, device=self.device)
         n, horizon = chunk.shape[:2]
         dev = self.device
-        rewards = torch.zeros(n, horizon, device=dev)
-        active = torch.ones(n, dtype=torch.bool, device=dev)
-        terminated = torch.zeros(n, dtype=torch.bool, device=dev)
-        truncated = torch.zeros_like(terminated)
-        success = torch.zeros_like(terminated)
-        steps = torch.zeros(n, dtype=torch.long, device=dev)
+        book = ChunkBook(n, horizon, dev)
         final = None
         raw = None
         for h in range(horizon):
-            action = torch.where(active[:, None], chunk[:, h], self._idle)
+            action = torch.where(book.active[:, None], chunk[:, h], self._idle)
             raw, r, term, _, info = self.env.step(action)
             r = r.to(dev).float().reshape(n) + REWARD_OFFSET[self.cfg.reward]
             term = term.to(dev).bool().reshape(n)
             succ = info["success"].to(dev).bool().reshape(n) if "success" in info else term
-            self._t += active.long()
-            rewards[:, h] = r * active
-            self.tracker.update(r, succ, active)
-            steps += active.long()
-            success = torch.where(active, succ, success)
-            new_term = term & active
-            new_trunc = (self._t >= self.max_episode_steps) & active & ~term
-            ended = new_term | new_trunc
-            terminated |= new_term
-            truncated |= new_trunc
+            ended = book.book(h, r, succ, term, self._t, self.max_episode_steps, self.tracker)
             if bool(ended.any()):
                 obs = self._observe(raw)
                 if final is None:
@@ -467,14 +461,13 @@ class ManiSkillGPUEnv:
                 else:
                     for k in ("images", "state"):
                         final[k][ended] = obs[k][ended]
-            active &= ~ended
-            if not bool(active.any()):
+            if not bool(book.active.any()):
                 break
-        done = terminated | truncated
+        done = book.done
         final_obs, episodes, frames = None, {}, None
         if bool(done.any()):
             final_obs = {**final, "instruction": list(self.instructions)}
-            episodes = self.tracker.finish(done, success)
+            episodes = self.tracker.finish(done, book.success)
             ended_rows = [i for i in self._final_frames if bool(done[i])]
             if ended_rows:   # held by idle actions since they ended: close to their last state
                 frames = dict(zip(ended_rows, self.render_frames(ended_rows)))
@@ -482,8 +475,7 @@ class ManiSkillGPUEnv:
             self.env.reset(options={"env_idx": idx})
             raw = observe_after_reset(self.env.unwrapped)
             self._t[idx] = 0
-        return ChunkStep(obs=self._observe(raw), rewards=rewards, terminated=terminated, truncated=truncated,
-                         success=success, steps=steps, final_obs=final_obs, episodes=episodes, final_frames=frames)
+        return book.result(self._observe(raw), final_obs=final_obs, episodes=episodes, final_frames=frames)
 
     def set_final_frames(self, indices: list[int]) -> None:
         """Render the last state of each episode that ends in envs ``indices`` into the step's ``final_frames``
