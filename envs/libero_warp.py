@@ -169,14 +169,24 @@ def torch_view(arr, device: torch.device) -> Tensor:
 
 
 def warp_compatible(model):
-    """``model``, or a copy with the geom margins (and gaps) set to 0 where any is not: MuJoCo Warp refuses margins
-    with its multi-contact convex collision, which LIBERO's box and mesh geoms use. Only some articulated objects
-    (the microwave: 1 mm) have one; their contacts then start at touch instead of 1 mm before."""
-    if not (model.geom_margin.any() or model.geom_gap.any()):
-        return model
+    """A copy of ``model`` that MuJoCo Warp collides as MuJoCo does:
+
+    - Box-box pairs by the primitive box-box collider. MuJoCo itself always uses it for that pair (up to 8
+      contacts; its NATIVECCD / MULTICCD flags do not change that), while MuJoCo Warp sends boxes through its
+      convex (GJK / EPA) collider unless NATIVECCD is disabled, and that finds fewer contacts: 1 per finger pad
+      on a LIBERO bowl where MuJoCo finds 2-3, 19 contacts in all where MuJoCo finds ~100 (the bowls are built of
+      boxes). One contact per pad lets a grasped object pivot, and the two simulations parted at every grasp.
+      In MuJoCo Warp the flag changes nothing else (native CCD is its only convex collider).
+    - Geom margins (and gaps) 0: MuJoCo Warp refuses margins with its multi-contact convex collision, which
+      LIBERO's mesh geoms use. Only some articulated objects (the microwave: 1 mm) have one; their contacts then
+      start at touch instead of 1 mm before.
+    """
     import copy
 
+    import mujoco
+
     model = copy.deepcopy(model)
+    model.opt.disableflags |= int(mujoco.mjtDisableBit.mjDSBL_NATIVECCD)
     model.geom_margin[:] = 0.0
     model.geom_gap[:] = 0.0
     return model

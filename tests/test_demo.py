@@ -45,6 +45,6 @@ def test_demo_states_what_to_expect_only_for_the_measured_settings():
     lo, med, hi, n = MEASURED_LIFT
     assert lo <= med <= hi and n >= 1
     text = demo_expectation(DemoConfig(out="elsewhere"))
-    assert f"{lo:+.2f} to {hi:+.2f}, median {med:+.2f}, over {n} RL seeds" in text
+    assert f"{lo:+.2f} to {hi:+.2f}, median {med:+.2f}, over {n} runs" in text
     assert demo_expectation(DemoConfig(rl_iterations=40)) is None
     assert demo_expectation(DemoConfig(rl="builtin_flow_noise")) is None

@@ -295,6 +295,33 @@ def test_trajectory_first_steps_match_robosuite(libero):
 
 
 @needs_sim
+def test_contacts_at_a_grasp_match_mujoco(libero):
+    """At a grasp (the scripted policy's episode from init state 1, fingers closing on the bowl), MuJoCo Warp's
+    collision detection finds MuJoCo's contacts: the same geom pairs, as many contacts per finger pad and bowl
+    box (box-box pairs by the primitive collider, as MuJoCo does; Warp's convex collider found 1 where MuJoCo
+    finds 2-3, and the grasped bowl pivoted), at MuJoCo's depths."""
+    from vla_rl.envs.libero_warp import TaskWorlds
+    from vla_rl.eval.warp_fidelity import contacts_cpu, contacts_warp, expert_actions_cpu
+
+    single, scene = libero
+    actions = expert_actions_cpu(single, 0, 1, 40)
+    single.reset_to(0, 1)
+    for a in actions[:29]:
+        single.step(a)
+    model = single._env.sim.model._model
+    qpos = single._env.sim.data.qpos.copy()
+    cpu = contacts_cpu(model, qpos)
+    warp = contacts_warp(TaskWorlds(scene, 1, device=torch.device("cpu")), qpos, 1)
+    pads = {k for k in cpu if any("pad" in (model.geom(g).name or "") for g in k)}
+    assert len(pads) >= 2 and all(len(cpu[k]) >= 2 for k in pads), cpu   # the state is a grasp
+    assert set(warp) == set(cpu)
+    for k in pads:
+        assert len(warp[k]) == len(cpu[k]), (k, cpu[k], warp[k])
+        assert np.allclose(warp[k], cpu[k], atol=2e-5), (k, cpu[k], warp[k])   # m; float32 collision
+    assert abs(sum(map(len, warp.values())) - sum(map(len, cpu.values()))) <= 0.1 * sum(map(len, cpu.values()))
+
+
+@needs_sim
 def test_images_framed_and_oriented_like_the_cpu_adapter(libero):
     """Same cameras, framing and orientation as the CPU adapter's ``upright`` images (another renderer: the
     lighting differs, so the comparison is against the same image flipped, not an absolute PSNR)."""

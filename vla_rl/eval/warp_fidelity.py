@@ -11,6 +11,8 @@ tolerances) and ``benchmarks/bench_libero_warp.py`` (which reports them):
   on or in their targets and settled by robosuite's physics, articulations moved past their thresholds, plus the
   initial state), LIBERO's predicates on them against the batched ones;
 - :func:`rollout_cpu` / :func:`rollout_warp`: end-effector and object trajectories under one action sequence;
+- :func:`contacts_cpu` / :func:`contacts_warp`: the contacts each simulator's collision detection finds on one
+  state (per geom pair: how many, how deep);
 - :func:`psnr`: image agreement.
 """
 
@@ -237,6 +239,37 @@ def rollout_warp(worlds, init_state_id: int, actions: np.ndarray, bodies: list[i
         pos.append(b)
         succ.append(worlds.success().cpu().numpy())
     return {"eef": np.stack(eef), "bodies": np.stack(pos), "success": np.stack(succ)}
+
+
+def contacts_cpu(model, qpos: np.ndarray) -> dict[tuple[int, int], list[float]]:
+    """MuJoCo's contacts at ``qpos``: per geom pair (lower id first) the sorted penetration depths (m, < 0)."""
+    import mujoco
+
+    data = mujoco.MjData(model)
+    data.qpos[:] = qpos
+    mujoco.mj_forward(model, data)
+    out: dict[tuple[int, int], list[float]] = {}
+    for c in data.contact[:data.ncon]:
+        out.setdefault((min(c.geom1, c.geom2), max(c.geom1, c.geom2)), []).append(float(c.dist))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def contacts_warp(worlds, qpos: np.ndarray, init_state_id: int) -> dict[tuple[int, int], list[float]]:
+    """The same from MuJoCo Warp's collision detection, on world 0 of ``worlds`` (its fixtures placed as in
+    episode start ``init_state_id``, the bodies at ``qpos``)."""
+    dev = worlds.device
+    worlds.load_starts(torch.zeros(1, dtype=torch.long, device=dev),
+                       torch.full((1,), worlds.scene.start_index(init_state_id), dtype=torch.long, device=dev))
+    worlds.v["qpos"][0] = torch.as_tensor(qpos, dtype=worlds.v["qpos"].dtype, device=dev)
+    worlds.forward()
+    ga, gb, w = worlds.contacts()
+    dist = worlds.wp.to_torch(worlds.d.contact.dist) if dev.type == "cuda" else \
+        torch.as_tensor(worlds.d.contact.dist.numpy())
+    out: dict[tuple[int, int], list[float]] = {}
+    for a, b, k, x in zip(ga.tolist(), gb.tolist(), w.tolist(), dist.tolist()):
+        if a >= 0 and k == 0:
+            out.setdefault((min(a, b), max(a, b)), []).append(float(x))
+    return {k: sorted(v) for k, v in out.items()}
 
 
 def random_actions(steps: int, seed: int, *, scale: float = 0.5, hold: int = 5) -> np.ndarray:
