@@ -69,6 +69,9 @@ class TaskScene:
     start_gripper: np.ndarray          # [I, 2] the gripper's finger targets (``current_action``)
     start_fixture_pos: np.ndarray      # [I, F, 3]
     start_fixture_quat: np.ndarray     # [I, F, 4]
+    static_geoms: np.ndarray           # [G] the fixtures' geoms welded to the world (see fixture_static_geoms)
+    start_static_geom_xpos: np.ndarray  # [I, G, 3] their world poses in each start
+    start_static_geom_xmat: np.ndarray  # [I, G, 9]
 
     def start_index(self, init_id: int) -> int:
         hit = np.nonzero(self.start_ids == init_id)[0]
@@ -111,7 +114,18 @@ def osc_gains(robot, model) -> OSCGains:
                     gripper_ctrl_max=tup(ctrl[:, 1]))
 
 
-START_FIELDS = ("qpos", "qvel", "qacc_warmstart", "act", "goal_rot", "gripper", "fixture_pos", "fixture_quat")
+START_FIELDS = ("qpos", "qvel", "qacc_warmstart", "act", "goal_rot", "gripper", "fixture_pos", "fixture_quat",
+                "static_geom_xpos", "static_geom_xmat")
+
+
+def fixture_static_geoms(model, fixtures: np.ndarray) -> np.ndarray:
+    """The geoms of the fixtures' bodies that are welded to the world (a cabinet's frame, a stove): MuJoCo Warp
+    computes the world pose of such "static" geoms once, when its Data is made, and never again, so a start that
+    places the fixture elsewhere must also put these poses in (its movable parts, drawers and doors, follow the
+    body poses like every other body)."""
+    body = model.geom_bodyid
+    static = (model.body_weldid[body] == 0) & (model.body_mocapid[model.body_rootid[body]] == -1)
+    return np.nonzero(static & np.isin(model.body_rootid[body], fixtures))[0].astype(np.int64)
 
 
 def _start_cache(suite: str, task_id: int, settle: int) -> Path:
@@ -125,6 +139,8 @@ def _load_starts(path: Path) -> dict[int, dict[str, np.ndarray]]:
     if not path.is_file():
         return {}
     with np.load(path) as f:
+        if any(k not in f for k in START_FIELDS):   # written before a field was added: read them again
+            return {}
         return {int(i): {k: f[k][j] for k in START_FIELDS} for j, i in enumerate(f["init_ids"])}
 
 
@@ -139,7 +155,8 @@ def _save_starts(path: Path, starts: dict[int, dict[str, np.ndarray]]) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _read_start(single, task_id: int, init_id: int, fixtures: np.ndarray) -> dict[str, np.ndarray]:
+def _read_start(single, task_id: int, init_id: int, fixtures: np.ndarray,
+                static: np.ndarray) -> dict[str, np.ndarray]:
     """Start the CPU adapter's episode (seeded reset, init state, settle steps) and read its state."""
     single.reset_to(task_id, init_id)
     env = single._env
@@ -148,7 +165,8 @@ def _read_start(single, task_id: int, init_id: int, fixtures: np.ndarray) -> dic
     return {"qpos": data.qpos.copy(), "qvel": data.qvel.copy(), "qacc_warmstart": data.qacc_warmstart.copy(),
             "act": data.act.copy(), "goal_rot": np.asarray(robot.controller.goal_ori, dtype=np.float64).copy(),
             "gripper": np.asarray(robot.gripper.current_action, dtype=np.float64).copy(),
-            "fixture_pos": model.body_pos[fixtures].copy(), "fixture_quat": model.body_quat[fixtures].copy()}
+            "fixture_pos": model.body_pos[fixtures].copy(), "fixture_quat": model.body_quat[fixtures].copy(),
+            "static_geom_xpos": data.geom_xpos[static].copy(), "static_geom_xmat": data.geom_xmat[static].copy()}
 
 
 def load_task_scene(suite: str, task_id: int, init_state_ids: list[int] | None = None, *,
@@ -176,11 +194,13 @@ def load_task_scene(suite: str, task_id: int, init_state_ids: list[int] | None =
         robot = problem.robots[0]
         fixtures = np.asarray([model.body(problem.fixtures_dict[k].root_body).id for k in problem.fixtures_dict],
                               dtype=np.int64)
+        static = fixture_static_geoms(model, fixtures)
         cache = _start_cache(suite, task_id, num_settle_steps)
         starts = _load_starts(cache)
-        missing = [i for i in ids if i not in starts or starts[i]["fixture_pos"].shape[0] != len(fixtures)]
+        missing = [i for i in ids if i not in starts or starts[i]["fixture_pos"].shape[0] != len(fixtures)
+                   or starts[i]["static_geom_xpos"].shape[0] != len(static)]
         for i in missing:
-            starts[i] = _read_start(single, task_id, i, fixtures)
+            starts[i] = _read_start(single, task_id, i, fixtures, static)
         if missing:
             _save_starts(cache, starts)
         if not missing:   # every start was cached: reset once for the controller's state
@@ -203,7 +223,9 @@ def load_task_scene(suite: str, task_id: int, init_state_ids: list[int] | None =
             start_ids=np.asarray(ids, dtype=np.int64), start_qpos=chosen["qpos"], start_qvel=chosen["qvel"],
             start_qacc_warmstart=chosen["qacc_warmstart"], start_act=chosen["act"],
             start_goal_rot=chosen["goal_rot"], start_gripper=chosen["gripper"],
-            start_fixture_pos=chosen["fixture_pos"], start_fixture_quat=chosen["fixture_quat"])
+            start_fixture_pos=chosen["fixture_pos"], start_fixture_quat=chosen["fixture_quat"],
+            static_geoms=static, start_static_geom_xpos=chosen["static_geom_xpos"],
+            start_static_geom_xmat=chosen["static_geom_xmat"])
     finally:
         if own:
             single.close()

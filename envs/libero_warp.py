@@ -260,7 +260,10 @@ class TaskWorlds:
         self.start = {"qpos": as_t(scene.start_qpos), "qvel": as_t(scene.start_qvel),
                       "qacc_warmstart": as_t(scene.start_qacc_warmstart), "act": as_t(scene.start_act),
                       "goal_rot": as_t(scene.start_goal_rot, f64), "gripper": as_t(scene.start_gripper, f64),
-                      "fixture_pos": as_t(scene.start_fixture_pos), "fixture_quat": as_t(scene.start_fixture_quat)}
+                      "fixture_pos": as_t(scene.start_fixture_pos), "fixture_quat": as_t(scene.start_fixture_quat),
+                      "static_geom_xpos": as_t(scene.start_static_geom_xpos),
+                      "static_geom_xmat": as_t(scene.start_static_geom_xmat).reshape(-1, len(scene.static_geoms), 3, 3)}
+        self.static_geoms = ix(scene.static_geoms)
         self.cameras = list(cameras)
         self.image_size = image_size
         self.rc = None
@@ -368,6 +371,9 @@ class TaskWorlds:
         self.gripper[rows] = s["gripper"][start_index]
         self.body_pos[rows[:, None], self.fixtures[None, :]] = s["fixture_pos"][start_index]
         self.body_quat[rows[:, None], self.fixtures[None, :]] = s["fixture_quat"][start_index]
+        # MuJoCo Warp never recomputes the pose of a geom welded to the world (a fixture's frame): put it in.
+        self.v["geom_xpos"][rows[:, None], self.static_geoms[None, :]] = s["static_geom_xpos"][start_index]
+        self.v["geom_xmat"][rows[:, None], self.static_geoms[None, :]] = s["static_geom_xmat"][start_index]
 
     def snapshot(self, rows: Tensor) -> dict[str, Tensor]:
         out = {k: self.v[k][rows].clone() for k in STATE_FIELDS + DERIVED_FIELDS}
