@@ -233,7 +233,7 @@ class TaskWorlds:
         self.body_pos, self.body_quat = t(self.m.body_pos), t(self.m.body_quat)
         self.nacon, self.nefc = t(d.nacon), t(d.nefc)
         self.contact_geom, self.contact_world = t(d.contact.geom), t(d.contact.worldid)
-        self.contact_type = t(d.contact.type)
+        self.contact_type, self.contact_dist = t(d.contact.type), t(d.contact.dist)
         self.contact_slot = torch.arange(self.contact_geom.shape[0], device=self.device)
         self.naconmax, self.njmax = int(d.naconmax), int(d.njmax)
         dev = self.device

@@ -263,10 +263,8 @@ def contacts_warp(worlds, qpos: np.ndarray, init_state_id: int) -> dict[tuple[in
     worlds.v["qpos"][0] = torch.as_tensor(qpos, dtype=worlds.v["qpos"].dtype, device=dev)
     worlds.forward()
     ga, gb, w = worlds.contacts()
-    dist = worlds.wp.to_torch(worlds.d.contact.dist) if dev.type == "cuda" else \
-        torch.as_tensor(worlds.d.contact.dist.numpy())
     out: dict[tuple[int, int], list[float]] = {}
-    for a, b, k, x in zip(ga.tolist(), gb.tolist(), w.tolist(), dist.tolist()):
+    for a, b, k, x in zip(ga.tolist(), gb.tolist(), w.tolist(), worlds.contact_dist.tolist()):
         if a >= 0 and k == 0:
             out.setdefault((min(a, b), max(a, b)), []).append(float(x))
     return {k: sorted(v) for k, v in out.items()}
