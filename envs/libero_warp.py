@@ -174,8 +174,8 @@ def warp_compatible(model):
     - Box-box pairs by the primitive box-box collider. MuJoCo itself always uses it for that pair (up to 8
       contacts; its NATIVECCD / MULTICCD flags do not change that), while MuJoCo Warp sends boxes through its
       convex (GJK / EPA) collider unless NATIVECCD is disabled, and that finds fewer contacts: 1 per finger pad
-      on a LIBERO bowl where MuJoCo finds 2-3, 19 contacts in all where MuJoCo finds ~100 (the bowls are built of
-      boxes). One contact per pad lets a grasped object pivot, and the two simulations parted at every grasp.
+      on a LIBERO bowl where MuJoCo finds 2-3 (the bowls are built of boxes). One contact per pad lets a grasped
+      object pivot, and the two simulations parted at every grasp.
       In MuJoCo Warp the flag changes nothing else (native CCD is its only convex collider).
     - Geom margins (and gaps) 0: MuJoCo Warp refuses margins with its multi-contact convex collision, which
       LIBERO's mesh geoms use. Only some articulated objects (the microwave: 1 mm) have one; their contacts then
