@@ -7,12 +7,12 @@ must exceed both 0.10 and three standard errors of the difference of the two suc
 about 0.035 here). The runs' approx-KL and clip-fraction must stay in a sane range after the first
 updates. Each training runs through the CLI in its own process with one torch thread.
 
-Run lengths are measured, not hopeful. Flow-Noise lifts within 60 iterations (~7.5 min on 2 idle cores:
-``slow``, since with it the default suite took 18.7 min of its 15-minute budget). Flow-SDE's one stochastic step per chunk makes its early updates noisy (approx-KL 0.03-0.1,
-clip-fraction 0.2-0.45 over the first 50 iterations): shortened to 60-100 iterations its lift from the
-same kind of SFT policy ranged from +0.02 to +0.26 across SFT seeds (docs/notes.md), so it is proven
-over its preset's full 200 iterations (``slow``), where every seed of benchmarks/bench_learning.py
-reached 0.92-0.94.
+Run lengths are measured, not hopeful. Flow-Noise lifts within 60 iterations (~7.5 min on 2 idle cores,
+more than half the default suite's 15-minute budget, hence ``slow``). Flow-SDE's one stochastic step per
+chunk makes its early updates noisy (approx-KL 0.03-0.1, clip-fraction 0.2-0.45 over the first 50
+iterations): shortened to 60-100 iterations its lift from the same kind of SFT policy ranged from +0.02 to
++0.26 across SFT seeds (docs/notes.md), so it is proven over its preset's full 200 iterations (``slow``),
+where every seed of benchmarks/bench_learning.py reached 0.92-0.94.
 """
 
 import json
