@@ -76,6 +76,18 @@ def test_report_cli(tmp_path, capsys):
     assert "no metrics file" in capsys.readouterr().err
 
 
+def test_report_cli_takes_out_and_names_as_settings_like_the_other_commands(tmp_path, capsys):
+    """`vla-rl report RUN out=DIR` (the form train / eval / bench take) writes into DIR, not a run named "out=DIR"."""
+    a = _write_run(tmp_path / "a", [0.5, 0.95])
+    assert cli_main(["report", str(a), f"out={tmp_path / 'rep'}", "names=first"]) == 0
+    assert "| first | 2 | 0.500 | 0.950 |" in capsys.readouterr().out
+    assert (tmp_path / "rep" / "report.md").is_file() and not (tmp_path / "runs").exists()
+    assert cli_main(["report", str(a), f"out={tmp_path / 'r3'}", "--out", str(tmp_path / "r2")]) == 2
+    assert "out is given twice" in capsys.readouterr().err
+    assert cli_main(["report", f"out={tmp_path / 'r4'}"]) == 2
+    assert "give at least one run folder" in capsys.readouterr().err
+
+
 def test_step_tick_labels_never_overlap(tmp_path, monkeypatch):
     """Env-step ticks read 40k / 1.2M; plain six-digit labels (a 150k-step run: 0, 25000, ..., 175000) overlapped in
     a diagnostics panel. Checked on the drawn figures."""

@@ -267,10 +267,23 @@ def _serve(args) -> int:
 
 
 def _report(args) -> int:
-    from vla_rl.eval.report import write_report
+    from vla_rl.eval.report import ReportError, write_report
 
-    names = args.names.split(",") if args.names else None
-    path, table = write_report(args.runs, args.out, names=names, overwrite=args.overwrite)
+    # The other commands take out=... as a key=value setting, so report reads out= / names= among its run folders
+    # the same way, instead of looking for metrics in a folder named "out=runs/x".
+    runs, given = [], {"out": args.out, "names": args.names}
+    for arg in args.runs:
+        key, sep, value = arg.partition("=")
+        if sep and key in given:
+            if given[key] is not None:
+                raise ReportError(f"{key} is given twice (--{key} and {key}=, or {key}= twice): give it once")
+            given[key] = value
+        else:
+            runs.append(arg)
+    if not runs:
+        raise ReportError("give at least one run folder")
+    names = given["names"].split(",") if given["names"] else None
+    path, table = write_report(runs, given["out"] or "runs/report", names=names, overwrite=args.overwrite)
     print(table)
     print(f"figures and report: {path.parent}")
     return 0
@@ -463,8 +476,9 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Reads each RUN_DIR's metrics.jsonl; writes success_vs_steps.png, "
                                      "success_vs_time.png, diagnostics.png and report.md into --out.")
     rep.add_argument("runs", nargs="+", metavar="RUN_DIR", help="training run folders (vla-rl train out=...)")
-    rep.add_argument("--out", default="runs/report", help="output folder (default runs/report)")
-    rep.add_argument("--names", help="comma-separated names for the runs (default: the folder names)")
+    rep.add_argument("--out", help="output folder (default runs/report; out=DIR works too)")
+    rep.add_argument("--names", help="comma-separated names for the runs (default: the folder names; names=a,b "
+                                      "works too)")
     rep.set_defaults(func=_report)
 
     parser.add_argument("--debug", action="store_true", help="show the Python traceback of an error "
