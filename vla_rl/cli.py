@@ -280,8 +280,6 @@ def _report(args) -> int:
             given[key] = value
         else:
             runs.append(arg)
-    if not runs:
-        raise ReportError("give at least one run folder")
     names = given["names"].split(",") if given["names"] else None
     path, table = write_report(runs, given["out"] or "runs/report", names=names, overwrite=args.overwrite)
     print(table)
