@@ -1,9 +1,11 @@
 """CPU cost of one LIBERO env-step with and without cameras: the number a LIBERO training run's compute is
 projected from (an RL run is env-steps × this, plus the policy's share).
 
-    python benchmarks/bench_libero_cost.py [--cases none,64,128] [--steps 64] [--suite libero_spatial] [--task 0]
+    python benchmarks/bench_libero_cost.py [--cases none,64,64-flat,128] [--steps 64] [--suite libero_spatial]
+                                           [--task 0]
 
-For each case (``none``: state only; ``S``: agentview + wrist cameras at S×S) one ``LiberoSingleEnv`` in this
+For each case (``none``: state only; ``S``: agentview + wrist cameras at S×S; ``S-flat``: the same without MuJoCo's
+mirror reflections, ``env.libero.reflections=false``) one ``LiberoSingleEnv`` in this
 process resets to fixed init state 0 and takes ``--steps`` random actions after 8 warm-up steps. Prints a
 markdown table: CPU seconds per env-step (this process and its threads, e.g. llvmpipe's rendering threads:
 ``time.process_time``), the env-steps/s one fully used core gives (its inverse), the wall-clock rate seen
@@ -27,9 +29,10 @@ def measure(case: str, steps: int, suite: str, task: int) -> dict:
     from vla_rl.envs.libero import LiberoConfig, LiberoSingleEnv
 
     cams = () if case == "none" else ("agentview", "wrist")
-    size = 128 if case == "none" else int(case)
+    flat = case.endswith("-flat")
+    size = 128 if case == "none" else int(case.removesuffix("-flat"))
     env = LiberoSingleEnv(LiberoConfig(suite=suite, task_ids=[task], cameras=cams, image_size=size,
-                                       max_episode_steps=steps + 16))
+                                       max_episode_steps=steps + 16, reflections=not flat))
     try:
         rng = np.random.default_rng(0)
         actions = np.clip(rng.normal(0, 0.3, (steps + 8, 7)), -1, 1)
@@ -40,7 +43,8 @@ def measure(case: str, steps: int, suite: str, task: int) -> dict:
         for a in actions[8:]:
             env.step(a)
         cpu, wall = time.process_time() - c0, time.perf_counter() - w0
-        return {"case": "state only" if case == "none" else f"agentview + wrist, {size} px",
+        name = "state only" if case == "none" else f"agentview + wrist, {size} px" + (", no reflections" * flat)
+        return {"case": name,
                 "cpu_per_step": cpu / steps, "wall_per_s": steps / wall, "rss_mb": rss_mb()}
     finally:
         env.close()
@@ -48,7 +52,8 @@ def measure(case: str, steps: int, suite: str, task: int) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cases", default="none,64,128", help="comma-separated: none (state only) or image sizes")
+    p.add_argument("--cases", default="none,64,64-flat,128",
+                   help="comma-separated: none (state only), image sizes S, or S-flat (no reflections)")
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--suite", default="libero_spatial")
     p.add_argument("--task", type=int, default=0)

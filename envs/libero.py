@@ -168,6 +168,10 @@ class LiberoConfig:
     # (envs.libero_reward: reach, grasp, carry to the target), so an episode's shaping sums to phi_end - phi_start.
     reward: Literal["sparse", "shaped"] = "sparse"
     shaping_scale: float = nonneg(1.0)
+    # MuJoCo's mirror reflections (the table and floor), which redraw the scene once more per image. False about
+    # halves a camera render's CPU cost on llvmpipe (benchmarks/bench_libero_cost.py), but the images then differ
+    # from LIBERO's standard renders (openpi's dataset): demos, training and evaluation must agree on it.
+    reflections: bool = True
 
     def __post_init__(self):
         check_ranges(self)
@@ -315,6 +319,8 @@ class LiberoSingleEnv:
                     env.step(NOOP)
         finally:
             self._enable_cameras(env, True)
+        self._set_reflections(env.sim)
+        self._make_current(env.sim)
         raw = env.env._get_observations(force_update=True)
         self._env, self._raw = env, raw
         self.task_id, self.init_state_id = task_id, init_state_id
@@ -371,6 +377,22 @@ class LiberoSingleEnv:
         raise RuntimeError(f"{self.cfg.suite} task {task_id}: no stable placement in {SAMPLED_ATTEMPTS} draws of "
                            f"placement {number}")
 
+    @staticmethod
+    def _make_current(sim) -> None:
+        # robosuite renders into whatever GL context is current, not its own: once another env of this process
+        # has opened its context (or closed the current one), this env's images are another scene's or garbage.
+        ctx = sim._render_context_offscreen
+        if ctx is not None:
+            ctx.gl_ctx.make_current()
+
+    def _set_reflections(self, sim) -> None:
+        # After the reset: a hard reset builds a new sim and with it a new render context.
+        ctx = sim._render_context_offscreen
+        if ctx is not None:
+            import mujoco
+
+            ctx.scn.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = int(self.cfg.reflections)
+
     def _enable_cameras(self, env, on: bool) -> None:
         for c in self.cfg.cameras:
             env.env.modify_observable(CAMERAS[c][1], "enabled", on)
@@ -406,6 +428,7 @@ class LiberoSingleEnv:
             raise ValueError("LIBERO action contains NaN or inf")
         if np.abs(a).max() > 1.0 + 1e-4:
             raise ValueError(f"LIBERO action out of range [-1, 1]: {a.round(3).tolist()}")
+        self._make_current(self._env.sim)
         raw, reward, success, _ = self._env.step(np.clip(a, -1.0, 1.0))  # done == LIBERO's success
         self._raw = raw
         self._t += 1
@@ -428,6 +451,8 @@ class LiberoSingleEnv:
 
             ctx = MjRenderContextOffscreen(sim, device_id=-1)   # registers itself with sim
             ctx.vopt.geomgroup[0], ctx.vopt.geomgroup[1] = 0, 1  # visual meshes, as robosuite's renderer
+            self._set_reflections(sim)
+        self._make_current(sim)
         return np.ascontiguousarray(self._orient(sim.render(width=s, height=s, camera_name="agentview")))
 
     def close(self) -> None:

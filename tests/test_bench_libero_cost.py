@@ -17,3 +17,8 @@ def test_state_only_case_reports_a_positive_cost():
     row = bench.measure("none", 3, "libero_spatial", 0)
     assert row["case"] == "state only"
     assert 0 < row["cpu_per_step"] < 5 and row["wall_per_s"] > 0 and row["rss_mb"] > 100
+
+
+def test_case_names():
+    with pytest.raises(ValueError):      # neither "none", a size, nor a size with -flat: refused before any env
+        bench.measure("64-shiny", 1, "libero_spatial", 0)

@@ -5,7 +5,7 @@ from vla_rl.checkpoint.policy import save_policy
 from vla_rl.config import from_dict, policy_preset
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.train.preflight import recorded_limit, rollout_warnings
+from vla_rl.train.preflight import image_warnings, recorded_limit, rollout_warnings
 from vla_rl.train.trainer import TrainConfig, Trainer
 
 
@@ -29,6 +29,24 @@ def test_recorded_limit_only_for_the_same_env():
     assert recorded_limit(ms, "libero") is None
     assert recorded_limit({"kind": "maniskill", "maniskill": {"task": "PickCube-v1"}}, "maniskill") is None
     assert recorded_limit(None, "builtin") is None
+
+
+def test_image_warnings_name_the_setting_the_demos_were_recorded_with():
+    cams = {"cameras": ["agentview", "wrist"], "image_orientation": "rot180", "reflections": False}
+    rec = {"kind": "libero", "libero": cams}
+    same = {"image_orientation": "rot180", "reflections": False, "cameras": ["agentview", "wrist"]}
+    assert image_warnings(rec, "libero", same) == []
+    (w,) = image_warnings(rec, "libero", {**same, "reflections": True})
+    assert w.startswith("the init policy's demos were recorded with reflections=False, this run's env renders with "
+                        "reflections=True") and w.endswith("set env.libero.reflections=False unless that is meant")
+    assert len(image_warnings(rec, "libero", {"image_orientation": "upright", "reflections": True})) == 2
+    # A dataset recorded before `reflections` existed rendered them; a state-only one shows no images.
+    old = {"kind": "libero", "libero": {"cameras": ["agentview"], "image_orientation": "rot180"}}
+    assert image_warnings(old, "libero", same)[0].startswith("the init policy's demos were recorded with "
+                                                             "reflections=True")
+    assert image_warnings({"kind": "libero", "libero": {"cameras": []}}, "libero", {"reflections": True}) == []
+    assert image_warnings(rec, "maniskill", same) == [] and image_warnings(None, "libero", same) == []
+    assert image_warnings(rec, "libero_warp", {"image_orientation": "rot180"}) == []   # no such key there
 
 
 def test_a_run_says_so_before_any_work(tmp_path):

@@ -66,6 +66,7 @@ class LiberoRecordConfig:
     image_orientation: Literal["upright", "rot180"] = "rot180"   # openpi's datasets: rot180
     state_mode: Literal["robot", "robot+objects"] = "robot"
     state_objects: int = ranged(2, 1, 8)
+    reflections: bool = True               # LiberoConfig.reflections: False about halves a camera step's CPU
     action_scale: float = positive(0.5)    # random policy
     jitter: float = nonneg(0.0)            # expert: std (m) of its seeded waypoint offsets, for varied demos
     seed: int = nonneg(0)
@@ -98,7 +99,7 @@ class LiberoRecordConfig:
         return {"suite": self.suite, "task_ids": list(self.task_ids), "image_size": self.image_size,
                 "cameras": list(self.cameras), "max_episode_steps": self.episode_steps,
                 "image_orientation": self.image_orientation, "init_states": self.init_states,
-                "state_mode": self.state_mode, "state_objects": self.state_objects}
+                "state_mode": self.state_mode, "state_objects": self.state_objects, "reflections": self.reflections}
 
 
 def random_policy(rng: np.random.Generator, scale: float):
@@ -168,7 +169,7 @@ def record_libero_episodes(cfg: LiberoRecordConfig, *, progress: bool = True, lo
                                        cameras=tuple(cfg.cameras), max_episode_steps=cfg.episode_steps,
                                        image_orientation=cfg.image_orientation, init_states=cfg.init_states,
                                        state_mode=cfg.state_mode, state_objects=cfg.state_objects,
-                                       max_cached_envs=1))
+                                       reflections=cfg.reflections, max_cached_envs=1))
     rng = np.random.default_rng(cfg.seed)
     cols: dict[str, list] = {k: [] for k in ("images", "state", "action", "episode_index", "frame_index",
                                              "task_index")}

@@ -35,3 +35,27 @@ def rollout_warnings(*, rollout_chunks: int, execute: int, episode_limit: int, d
         out.append(f"the episode limit {episode_limit} differs from the {dataset_limit} the init policy's dataset "
                    f"recorded ({why}); set {limit_key}={dataset_limit} unless that is meant (docs/new_task.md)")
     return out
+
+
+# LIBERO settings that change what the cameras show; the values a dataset recorded before a key existed.
+IMAGE_KEYS = {"image_orientation": "upright", "reflections": True}
+
+
+def image_warnings(init_env: dict | None, kind: str, env_section: dict) -> list[str]:
+    """Where the training env (``env_section``: its ``env.<kind>`` settings) renders images otherwise than the
+    init policy's LIBERO dataset did (its ``env_config``): the policy would act on pictures it never saw."""
+    if kind not in ("libero", "libero_warp") or not init_env or init_env.get("kind") not in ("libero", "libero_warp"):
+        return []
+    recorded = init_env.get(init_env["kind"]) or {}
+    if not recorded.get("cameras"):
+        return []
+    out = []
+    for key, old_default in IMAGE_KEYS.items():
+        if key not in env_section:
+            continue
+        was = recorded.get(key, old_default)
+        if was != env_section[key]:
+            out.append(f"the init policy's demos were recorded with {key}={was}, this run's env renders with "
+                       f"{key}={env_section[key]}: the policy would see images unlike its training data; set "
+                       f"env.{kind}.{key}={was} unless that is meant")
+    return out

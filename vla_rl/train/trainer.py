@@ -67,7 +67,7 @@ from vla_rl.rl.rollout import collect_rollout, step_groups
 from vla_rl.threads import local_worker_processes, policy_threads, threads_note
 from vla_rl.train.memory_plan import check_plan, device_memory
 from vla_rl.train.metrics_log import MetricsLog, summary_line
-from vla_rl.train.preflight import recorded_limit, rollout_warnings
+from vla_rl.train.preflight import image_warnings, recorded_limit, rollout_warnings
 
 
 class TrainingError(RuntimeError):
@@ -253,6 +253,9 @@ class Trainer:
                                             episode_limit=spec.max_episode_steps, dataset_limit=dataset_limit,
                                             limit_key=f"env.{kind}.max_episode_steps"):
                 self.log(f"warning: {warning}")
+            if kind in ("libero", "libero_warp"):
+                for warning in image_warnings(init_env, kind, to_dict(getattr(cfg.env, kind))):
+                    self.log(f"warning: {warning}")
         if cfg.execute > model.cfg.action_horizon:
             raise ConfigError(f"execute={cfg.execute} exceeds the policy's action_horizon "
                               f"{model.cfg.action_horizon}")
