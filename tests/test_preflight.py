@@ -45,6 +45,8 @@ def test_image_warnings_name_the_setting_the_demos_were_recorded_with():
     assert image_warnings(old, "libero", same)[0].startswith("the init policy's demos were recorded with "
                                                              "reflections=True")
     assert image_warnings({"kind": "libero", "libero": {"cameras": []}}, "libero", {"reflections": True}) == []
+    unknown = {"kind": "libero", "libero": {"cameras": ["agentview"], "reflections": False}}   # no orientation kept
+    assert image_warnings(unknown, "libero", same) == []
     assert image_warnings(rec, "maniskill", same) == [] and image_warnings(None, "libero", same) == []
     assert image_warnings(rec, "libero_warp", {"image_orientation": "rot180"}) == []   # no such key there
 

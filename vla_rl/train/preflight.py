@@ -37,8 +37,9 @@ def rollout_warnings(*, rollout_chunks: int, execute: int, episode_limit: int, d
     return out
 
 
-# LIBERO settings that change what the cameras show; the values a dataset recorded before a key existed.
-IMAGE_KEYS = {"image_orientation": "upright", "reflections": True}
+# LIBERO settings that change what the cameras show, and the value a dataset recorded before the key was
+# recorded (None: always recorded; a recording without it is not judged).
+IMAGE_KEYS = {"image_orientation": None, "reflections": True}
 
 
 def image_warnings(init_env: dict | None, kind: str, env_section: dict) -> list[str]:
@@ -54,7 +55,7 @@ def image_warnings(init_env: dict | None, kind: str, env_section: dict) -> list[
         if key not in env_section:
             continue
         was = recorded.get(key, old_default)
-        if was != env_section[key]:
+        if was is not None and was != env_section[key]:
             out.append(f"the init policy's demos were recorded with {key}={was}, this run's env renders with "
                        f"{key}={env_section[key]}: the policy would see images unlike its training data; set "
                        f"env.{kind}.{key}={was} unless that is meant")
