@@ -253,9 +253,8 @@ class Trainer:
                                             episode_limit=spec.max_episode_steps, dataset_limit=dataset_limit,
                                             limit_key=f"env.{kind}.max_episode_steps"):
                 self.log(f"warning: {warning}")
-            if kind in ("libero", "libero_warp"):
-                for warning in image_warnings(init_env, kind, to_dict(getattr(cfg.env, kind))):
-                    self.log(f"warning: {warning}")
+            for warning in image_warnings(init_env, kind, to_dict(getattr(cfg.env, kind))):
+                self.log(f"warning: {warning}")
         if cfg.execute > model.cfg.action_horizon:
             raise ConfigError(f"execute={cfg.execute} exceeds the policy's action_horizon "
                               f"{model.cfg.action_horizon}")
