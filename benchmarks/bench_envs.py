@@ -13,7 +13,9 @@ Cases (random actions everywhere; an env-step is one action of one env):
   ``WorkerVectorEnv(functools.partial(ManiSkillSingleEnv, cfg), n)`` stepping chunks of ``--horizon``
   (each worker runs the whole chunk locally, then all n report back to the main process).
 - ``libero``: libero_spatial task 0 without cameras (the adapter's ``cameras=()``). Ours: a
-  ``WorkerVectorEnv`` of ``LiberoSingleEnv``. Every side resets the same way when an episode ends (soft
+  ``WorkerVectorEnv`` of ``LiberoSingleEnv``, whose physics substeps run one MuJoCo forward pass each
+  (``fast_substeps``) where the raw sides run robosuite's three; ``--libero-plain-substeps`` gives ours
+  robosuite's loop too, for the adapter's overhead alone. Every side resets the same way when an episode ends (soft
   reset, set an init state, 10 no-op settle steps, not counted) after success or 220 steps.
 
 Two raw baselines with the same number n of processes, made with the adapter's arguments:
@@ -418,12 +420,14 @@ def bench_libero(n: int, args) -> dict:
     from vla_rl.envs.libero import LiberoConfig, LiberoSingleEnv
     from vla_rl.envs.workers import WorkerVectorEnv
 
-    cfg = LiberoConfig(suite="libero_spatial", task_ids=[0], cameras=())
+    plain = args.libero_plain_substeps
+    cfg = LiberoConfig(suite="libero_spatial", task_ids=[0], cameras=(), fast_substeps=not plain)
     raw_args = (cfg.suite, 0, cfg.image_size, cfg.episode_steps)
     rates = bench_workers(lambda k: WorkerVectorEnv(functools.partial(LiberoSingleEnv, cfg), k,
                                                     name="bench-libero"),
                           _raw_libero_worker, raw_args, lambda k: LiberoLockstep(*raw_args, k), n, args)
-    return {"adapter": "LIBERO libero_spatial task 0", "obs": "state only (no cameras)", "workers": str(n),
+    obs = "state only (no cameras)" + ", robosuite's substeps" * plain
+    return {"adapter": "LIBERO libero_spatial task 0", "obs": obs, "workers": str(n),
             **rates}
 
 
@@ -439,6 +443,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=4, help="alternating segments per side (raw/ours, ours/raw, ...)")
     p.add_argument("--workers", type=_ints, default=[1, 2, 4], help="ManiSkill worker counts")
     p.add_argument("--libero-workers", type=_ints, default=[1, 2], help="LIBERO worker counts")
+    p.add_argument("--libero-plain-substeps", action="store_true",
+                   help="ours steps LIBERO with robosuite's own substep loop (env.libero.fast_substeps=false), as "
+                        "the raw sides do")
     p.add_argument("--builtin-envs", type=_ints, default=[64, 1024], help="ColorReach batch sizes")
     p.add_argument("--horizon", type=int, default=8, help="actions per chunk (ours)")
     p.add_argument("--threads", type=int, default=1, help="torch threads of this process (built-in case)")

@@ -16,9 +16,12 @@ SPEC.loader.exec_module(bench)
 def test_state_only_case_reports_a_positive_cost():
     row = bench.measure("none", 3, "libero_spatial", 0)
     assert row["case"] == "state only"
+    assert bench.measure("none-plain", 2, "libero_spatial", 0)["case"] == "state only, robosuite's substeps"
     assert 0 < row["cpu_per_step"] < 5 and row["wall_per_s"] > 0 and row["rss_mb"] > 100
 
 
 def test_case_names():
-    with pytest.raises(ValueError):      # neither "none", a size, nor a size with -flat: refused before any env
-        bench.measure("64-shiny", 1, "libero_spatial", 0)
+    # neither "none", a size, nor a size with -flat (each optionally -plain): refused before any env
+    for bad in ("64-shiny", "none-flat-plain-plain", "plain"):
+        with pytest.raises(ValueError):
+            bench.measure(bad, 1, "libero_spatial", 0)

@@ -173,6 +173,31 @@ def test_expert_solves_a_task_from_an_official_init_state(suite):
     assert set(np.unique(actions[:, 6])) == {-1.0, 1.0}        # it opened and closed the gripper
 
 
+@needs_libero
+def test_split_substeps_play_an_expert_episode_bit_for_bit():
+    # env.libero.fast_substeps (envs/mujoco_substeps.py) against robosuite's own substep loop: a sampled placement
+    # (its settling steps), then a whole expert episode with grasp contacts; every state, action and the final
+    # MuJoCo state agree exactly.
+    from vla_rl.data.libero_demos import run_expert_episode
+    from vla_rl.envs.libero import LiberoConfig, LiberoSingleEnv
+
+    def episode(fast):
+        env = LiberoSingleEnv(LiberoConfig(suite="libero_spatial", task_ids=[0], cameras=(), max_cached_envs=1,
+                                           state_mode="robot+objects", init_states="sampled", fast_substeps=fast))
+        try:
+            frames, success, why = run_expert_episode(env, 0, 3, seed=3)
+            data = env.sim_env.sim.data
+            return frames, success, np.concatenate([data.qpos, data.qvel, data.qacc_warmstart])
+        finally:
+            env.close()
+
+    (plain, ok_plain, end_plain), (fast, ok_fast, end_fast) = episode(False), episode(True)
+    assert ok_plain and ok_fast and len(plain) == len(fast)
+    for (o1, a1), (o2, a2) in zip(plain, fast):
+        assert np.array_equal(o1["state"], o2["state"]) and np.array_equal(a1, a2)
+    assert np.array_equal(end_plain, end_fast)
+
+
 @pytest.mark.slow
 @needs_libero
 @pytest.mark.parametrize("suite", ["libero_object", "libero_spatial"])

@@ -1,0 +1,76 @@
+"""robosuite's physics substeps with one MuJoCo forward pass each instead of three, bit for bit the same.
+
+Per physics substep robosuite's ``env.step`` (robosuite 1.4, ``environments/base.py``) calls ``sim.forward()``,
+then the arm controller's ``update()`` calls ``sim.forward()`` again on the unchanged state (the OSC controller
+refreshes its kinematics), then ``sim.step()`` runs ``mj_step``, whose first stage is the same forward pass once
+more before it integrates. LIBERO runs 25 substeps per action, so the forward pass dominates a state-only step.
+
+MuJoCo splits ``mj_step`` for exactly this pattern (read the state, set ``ctrl``, finish the step):
+``mj_step1`` computes everything that depends on positions and velocities (kinematics, the mass matrix, bias
+forces, position and velocity sensors: all a controller reads) and ``mj_step2`` the rest (actuation,
+acceleration, constraints, acceleration sensors) and integrates. Inside :class:`SplitSubsteps` the first
+``sim.forward()`` of a substep runs ``mj_step1``, a repeated one on the same state does nothing, and
+``sim.step()`` runs ``mj_step2`` when the state is still the one ``mj_step1`` saw (otherwise the full
+``mj_step``). What is compared is MuJoCo's own integration state minus the three inputs only ``mj_step2``
+reads (ctrl, applied joint and body forces), which the controller writes in between.
+
+Checked, not assumed: tests/test_libero.py plays whole episodes both ways and compares every observation,
+reward and the final MuJoCo state exactly. The RK4 integrator, which ``mj_step2`` does not implement (it falls
+back to Euler), is left to robosuite's own loop.
+"""
+
+from __future__ import annotations
+
+import mujoco
+import numpy as np
+
+_S = mujoco.mjtState
+# What mj_step1's results depend on: the full integration state except what mj_step2 alone reads.
+STEP1_INPUTS = _S.mjSTATE_INTEGRATION & ~(_S.mjSTATE_CTRL | _S.mjSTATE_QFRC_APPLIED | _S.mjSTATE_XFRC_APPLIED)
+
+
+class SplitSubsteps:
+    """Context manager: while inside, ``sim`` (a robosuite ``MjSim``) runs forward / step as described above.
+
+    ``with SplitSubsteps(sim): env.step(action)``. It shadows ``sim.forward`` and ``sim.step`` with instance
+    attributes and removes them on exit, so outside the block (resets, rendering, user code) the sim is
+    robosuite's own. Counters ``step1``, ``step2``, ``full``, ``skipped`` say what ran."""
+
+    def __init__(self, sim):
+        self.sim = sim
+        self.model, self.data = sim.model._model, sim.data._data
+        self.enabled = self.model.opt.integrator != mujoco.mjtIntegrator.mjINT_RK4
+        self._now = np.empty(mujoco.mj_stateSize(self.model, STEP1_INPUTS))
+        self._seen: np.ndarray | None = None     # the state mj_step1 last ran on, until the step completes
+        self.step1 = self.step2 = self.full = self.skipped = 0
+
+    def __enter__(self) -> SplitSubsteps:
+        if self.enabled:
+            self.sim.forward, self.sim.step = self._forward, self._step
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            del self.sim.forward, self.sim.step
+        self._seen = None
+
+    def _unchanged(self) -> bool:
+        mujoco.mj_getState(self.model, self.data, self._now, STEP1_INPUTS)
+        return self._seen is not None and np.array_equal(self._now, self._seen)
+
+    def _forward(self) -> None:
+        if self._unchanged():
+            self.skipped += 1
+            return
+        mujoco.mj_step1(self.model, self.data)
+        self._seen = self._now.copy()
+        self.step1 += 1
+
+    def _step(self) -> None:
+        if self._unchanged():
+            mujoco.mj_step2(self.model, self.data)
+            self.step2 += 1
+        else:
+            mujoco.mj_step(self.model, self.data)
+            self.full += 1
+        self._seen = None
