@@ -44,6 +44,7 @@ from ..policies.ranges import check_ranges, nonneg, ranged
 from .base import EnvSpec, SimulatorUnavailable
 from .cache import cache_dir
 from .libero_reward import Shaping
+from .mujoco_substeps import SplitSubsteps
 
 SETUP_HINT = "run `PY=.venv/bin/python bash scripts/setup_libero.sh` (or `make sims`) to install LIBERO"
 
@@ -385,8 +386,6 @@ class LiberoSingleEnv:
         """``env.step(action)`` (LIBERO's env wrapper), its substeps split when ``fast_substeps``."""
         if not self.cfg.fast_substeps:
             return env.step(action)
-        from .mujoco_substeps import SplitSubsteps
-
         with SplitSubsteps(env.sim):
             return env.step(action)
 

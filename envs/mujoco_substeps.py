@@ -21,12 +21,13 @@ back to Euler), is left to robosuite's own loop.
 
 from __future__ import annotations
 
-import mujoco
 import numpy as np
 
-_S = mujoco.mjtState
-# What mj_step1's results depend on: the full integration state except what mj_step2 alone reads.
-STEP1_INPUTS = _S.mjSTATE_INTEGRATION & ~(_S.mjSTATE_CTRL | _S.mjSTATE_QFRC_APPLIED | _S.mjSTATE_XFRC_APPLIED)
+
+def step1_inputs(mujoco) -> int:
+    """The mjtState bits mj_step1's results depend on: the integration state except what mj_step2 alone reads."""
+    s = mujoco.mjtState
+    return s.mjSTATE_INTEGRATION & ~(s.mjSTATE_CTRL | s.mjSTATE_QFRC_APPLIED | s.mjSTATE_XFRC_APPLIED)
 
 
 class SplitSubsteps:
@@ -37,10 +38,13 @@ class SplitSubsteps:
     robosuite's own. Counters ``step1``, ``step2``, ``full``, ``skipped`` say what ran."""
 
     def __init__(self, sim):
+        import mujoco  # comes with robosuite (LIBERO's simulator), an optional install
+
+        self._mj, self._inputs = mujoco, step1_inputs(mujoco)
         self.sim = sim
         self.model, self.data = sim.model._model, sim.data._data
         self.enabled = self.model.opt.integrator != mujoco.mjtIntegrator.mjINT_RK4
-        self._now = np.empty(mujoco.mj_stateSize(self.model, STEP1_INPUTS))
+        self._now = np.empty(mujoco.mj_stateSize(self.model, self._inputs))
         self._seen: np.ndarray | None = None     # the state mj_step1 last ran on, until the step completes
         self.step1 = self.step2 = self.full = self.skipped = 0
 
@@ -55,22 +59,22 @@ class SplitSubsteps:
         self._seen = None
 
     def _unchanged(self) -> bool:
-        mujoco.mj_getState(self.model, self.data, self._now, STEP1_INPUTS)
+        self._mj.mj_getState(self.model, self.data, self._now, self._inputs)
         return self._seen is not None and np.array_equal(self._now, self._seen)
 
     def _forward(self) -> None:
         if self._unchanged():
             self.skipped += 1
             return
-        mujoco.mj_step1(self.model, self.data)
+        self._mj.mj_step1(self.model, self.data)
         self._seen = self._now.copy()
         self.step1 += 1
 
     def _step(self) -> None:
         if self._unchanged():
-            mujoco.mj_step2(self.model, self.data)
+            self._mj.mj_step2(self.model, self.data)
             self.step2 += 1
         else:
-            mujoco.mj_step(self.model, self.data)
+            self._mj.mj_step(self.model, self.data)
             self.full += 1
         self._seen = None
