@@ -136,6 +136,23 @@ def test_mismatched_or_broken_files_are_refused_by_name(policy, tmp_path, capsys
         cli_main(["compare", str(a), str(a), "metric=return"])
 
 
+def test_how_a_libero_episode_is_computed_or_rendered_does_not_unpair_it(policy, tmp_path):
+    # The substep loop, the model cache and soft resets give the same episodes bit for bit, reflections change
+    # images only; a file written before such a field existed lacks it. The step limit changes the episodes.
+    a = tmp_path / "a.json"
+    evaluate_checkpoint(policy, {**EVAL, "out": str(a)})
+    doc = json.loads(a.read_text())
+    base = {"suite": "libero_spatial", "task_ids": [0], "max_episode_steps": None}
+    sides = {"old": base, "new": {**base, "fast_substeps": True, "reflections": False, "max_cached_envs": 1},
+             "longer": {**base, "max_episode_steps": 300}}
+    for name, options in sides.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps({**doc, "env": {"kind": "libero", "options": options}}))
+    r = compare(load_side([tmp_path / "old.json"]), load_side([tmp_path / "new.json"]))
+    assert r.n == 12 and r.diff == 0.0 and len(r.env_notes) == 3
+    with pytest.raises(EpisodeFileError, match="options.max_episode_steps None vs 300"):
+        compare(load_side([tmp_path / "old.json"]), load_side([tmp_path / "longer.json"]))
+
+
 def test_a_failed_write_leaves_the_earlier_file_whole(policy, tmp_path, monkeypatch):
     import vla_rl.eval.evaluate as ev
 

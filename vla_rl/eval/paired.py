@@ -138,8 +138,12 @@ def paired_difference(base: list[float], new: list[float], metric: str = "succes
 # Env fields that change neither an episode's initial state nor whether it succeeds: what the policy is
 # shown (a state policy and an image policy can be compared on the same seeds). Differences here are noted.
 VIEW_FIELDS = frozenset({"options.obs_mode", "options.image_size", "options.render_size", "options.instruction",
-                         "options.cameras", "options.image_orientation", "options.max_cached_envs",
+                         "options.cameras", "options.image_orientation", "options.reflections",
                          "builtin.image_size"})
+# Fields that change how an episode is computed, not what it is: LIBERO's model cache, its soft reset and its
+# substep loop, each checked to give the same episodes bit for bit. Noted. A file written before a field existed
+# lacks it (None).
+COMPUTE_FIELDS = frozenset({"options.max_cached_envs", "options.soft_reset", "options.fast_substeps"})
 # Reward fields: the same episodes, the same success, other returns; noted, and refused for --metric return.
 REWARD_FIELDS = frozenset({"options.reward", "builtin.reward", "builtin.success_bonus", "builtin.progress_scale"})
 
@@ -166,7 +170,7 @@ def compare(base: EpisodeSet, new: EpisodeSet, metric: str = "success_once") -> 
     if metric not in EPISODE_METRICS:
         raise EpisodeFileError(f"unknown metric {metric!r}; one of {EPISODE_METRICS}")
     diffs = env_differences(base.env, new.env)
-    allowed = VIEW_FIELDS | (REWARD_FIELDS if metric != "return" else frozenset())
+    allowed = VIEW_FIELDS | COMPUTE_FIELDS | (REWARD_FIELDS if metric != "return" else frozenset())
     bad = {k: v for k, v in diffs.items() if k not in allowed}
     if bad:
         why = "; returns under different rewards do not compare" if set(bad) & REWARD_FIELDS else ""
