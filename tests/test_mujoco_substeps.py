@@ -3,6 +3,7 @@ again, ctrl written, step) inside SplitSubsteps gives the plain loop's trajector
 pass a substep. A small MuJoCo model with contacts stands in for robosuite's sim; the LIBERO end-to-end check
 (whole expert episodes both ways) is in tests/test_libero_expert.py."""
 
+from contextlib import nullcontext
 from types import SimpleNamespace
 
 import numpy as np
@@ -69,16 +70,13 @@ def trajectory(split, integrator="Euler", actions=60, substeps=5, disturb_every=
     sim, out, counts = Sim(integrator), [], np.zeros(4, int)
     for a in range(actions):
         target = np.array([0.3 + 0.2 * np.sin(a / 8), 0.0, 0.2])
-        s = SplitSubsteps(sim) if split else None
+        with SplitSubsteps(sim) if split else nullcontext() as s:
+            for k in range(substeps):
+                n = a * substeps + k
+                substep(sim, target, disturb=bool(disturb_every) and n % disturb_every == 0)
+                d = sim.data._data
+                out.append(np.concatenate([d.qpos, d.qvel, d.qacc, d.ctrl, d.sensordata, d.qacc_warmstart]))
         if split:
-            s.__enter__()
-        for k in range(substeps):
-            n = a * substeps + k
-            substep(sim, target, disturb=bool(disturb_every) and n % disturb_every == 0)
-            d = sim.data._data
-            out.append(np.concatenate([d.qpos, d.qvel, d.qacc, d.ctrl, d.sensordata, d.qacc_warmstart]))
-        if split:
-            s.__exit__(None, None, None)
             counts += (s.step1, s.skipped, s.step2, s.full)
             assert s.enabled == (integrator != "RK4")
     return np.array(out), counts, sim
