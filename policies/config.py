@@ -68,6 +68,10 @@ class PolicyConfig:
     image_resize: Literal["stretch", "pad"] = setting(
         "stretch", doc='How images of another size reach ``vision.image_size``: "stretch" (bilinear, antialiased) or '
                        "\"pad\" (π0 / openpi's resize-with-pad: keep the aspect ratio, pad with black).")
+    image_antialias: bool = setting(
+        True, doc="Antialias the bilinear resize when it shrinks (PIL and JAX do). False: plain bilinear "
+                  "interpolation, as LeRobot's and openpi's PyTorch resize_with_pad_torch do (imported LeRobot "
+                  "π0 / π0.5).")
     state_dim: int = ranged(8, 1, doc="the model's state width (an env's state is zero-padded to it)")
     action_dim: int = ranged(4, 1, doc="the model's action width (an env's actions are its first dims)")
     action_horizon: int = ranged(8, 1, doc="H: actions per chunk")

@@ -293,14 +293,14 @@ def _accepted(spec: ExportSpec) -> dict[str, list[str]]:
     return out
 
 
-def _resize(images: Tensor, size: int, mode: str = "stretch") -> Tensor:
+def _resize(images: Tensor, size: int, mode: str = "stretch", antialias: bool = True) -> Tensor:
     """uint8 ``[N, h, w, 3]`` -> uint8 ``[N, size, size, 3]`` as the model's own resize does (``image_resize``:
-    bilinear with antialiasing, or that keeping the aspect ratio with black padding)."""
+    bilinear, or that keeping the aspect ratio with black padding; ``image_antialias``)."""
     x = images.permute(0, 3, 1, 2).float()
     if mode == "pad":
-        x = (resize_with_pad(x / 127.5 - 1.0, size) + 1.0) * 127.5
+        x = (resize_with_pad(x / 127.5 - 1.0, size, antialias=antialias) + 1.0) * 127.5
     else:
-        x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+        x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=antialias)
     return x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
 
 
@@ -361,7 +361,8 @@ class ExportedPolicy:
         cams = [torch.from_numpy(x if x.flags.writeable and x.flags.c_contiguous else x.copy()).to(dev)
                 for x in batch.images]   # decoded messages are read-only views of their bytes
         if len({tuple(c.shape[1:3]) for c in cams}) > 1:   # the model resizes a stack; a mixed one is resized here
-            cams = [c if c.shape[1:3] == (size, size) else _resize(c, size, cfg.image_resize) for c in cams]
+            cams = [c if c.shape[1:3] == (size, size) else _resize(c, size, cfg.image_resize, cfg.image_antialias)
+                    for c in cams]
         n = batch.size
         images = torch.stack(cams, dim=1) if cams else torch.zeros(n, 0, size, size, 3, dtype=torch.uint8,
                                                                     device=dev)

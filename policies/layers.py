@@ -205,14 +205,15 @@ def sincos_time_embedding(t: Tensor, dim: int, min_period: float = 4e-3, max_per
     return torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1).float()
 
 
-def resize_with_pad(x: Tensor, size: int) -> Tensor:
+def resize_with_pad(x: Tensor, size: int, antialias: bool = True) -> Tensor:
     """Images ``[M, 3, H, W]`` in [-1, 1] -> ``[M, 3, size, size]`` keeping the aspect ratio: bilinear resize
-    (antialiased when shrinking) so the longer side is ``size``, then centred black padding (-1), as openpi's
+    (``antialias``: antialiased when shrinking, as JAX's and PIL's resize; without, as openpi's and LeRobot's
+    ``resize_with_pad_torch``) so the longer side is ``size``, then centred black padding (-1), as openpi's
     ``resize_with_pad`` prepares π0's images."""
     h, w = x.shape[-2:]
     ratio = max(h / size, w / size)
     rh, rw = max(1, int(h / ratio)), max(1, int(w / ratio))
-    y = F.interpolate(x, size=(rh, rw), mode="bilinear", align_corners=False, antialias=True).clamp(-1.0, 1.0)
+    y = F.interpolate(x, size=(rh, rw), mode="bilinear", align_corners=False, antialias=antialias).clamp(-1.0, 1.0)
     top, left = (size - rh) // 2, (size - rw) // 2
     return F.pad(y, (left, size - rw - left, top, size - rh - top), value=-1.0)
 

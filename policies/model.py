@@ -246,9 +246,10 @@ class FlowPolicy(nn.Module):
         x = x.to(dtype) / 127.5 - 1.0 if images.dtype == torch.uint8 else x.to(dtype)
         if x.shape[-2:] == (size, size):
             return x
+        aa = self.cfg.image_antialias
         if self.cfg.image_resize == "pad":
-            return resize_with_pad(x, size)
-        return F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+            return resize_with_pad(x, size, antialias=aa)
+        return F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=aa)
 
     def _embed_images(self, images: Tensor, image_mask: Tensor) -> tuple[Tensor, Tensor]:
         """Image tokens ``[N, C * patches, Wp]`` and their validity ``[N, C * patches]``; cameras missing from

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -78,17 +79,63 @@ def test_layout(dataset, demos):
     assert json.loads(tasks.schema.metadata[b"pandas"])["index_columns"] == ["task"]  # pandas: task is the index
 
 
+def _quantile(q):
+    return lambda x, axis: np.quantile(x, q, axis=axis)
+
+
+# Every statistic current LeRobot writes (its π0.5 normaliser reads q01 / q99), against numpy's own.
+STATS = (("min", np.min), ("max", np.max), ("mean", np.mean), ("std", np.std), ("q01", _quantile(0.01)),
+         ("q10", _quantile(0.10)), ("q50", _quantile(0.50)), ("q90", _quantile(0.90)), ("q99", _quantile(0.99)))
+
+
 def test_stats_match_numpy(dataset, demos):
     stats = json.loads((dataset / "meta" / "stats.json").read_text())
     for key, x in (("observation.state", demos.state.double().numpy()), ("action", demos.action.double().numpy())):
-        for name, fn in (("min", np.min), ("max", np.max), ("mean", np.mean), ("std", np.std)):
+        assert set(stats[key]) == {name for name, _ in STATS} | {"count"}
+        for name, fn in STATS:
             np.testing.assert_allclose(stats[key][name], fn(x, axis=0), rtol=1e-6, atol=1e-7)
         assert stats[key]["count"] == [len(demos)]
     img = demos.images[:, 0].double().numpy() / 255.0   # LeRobot: per channel, in [0, 1], shape [3, 1, 1]
-    for name, fn in (("min", np.min), ("max", np.max), ("mean", np.mean), ("std", np.std)):
+    for name, fn in STATS:   # from 256-bin histograms, so a real test of the rank arithmetic
         got = np.asarray(stats["observation.images.top"][name])
         assert got.shape == (3, 1, 1)
-        np.testing.assert_allclose(got.ravel(), fn(img, axis=(0, 1, 2)), rtol=1e-9)
+        np.testing.assert_allclose(got.ravel(), fn(img, axis=(0, 1, 2)), rtol=1e-9, atol=1e-12)
+
+
+# Where scripts/fixtures/lerobot_side_env.sh built it: current LeRobot, to load what we write with its own code.
+LEROBOT_SIDE = Path(__file__).resolve().parents[1] / ".cache" / "side" / "lerobot-0.6.1" / "bin" / "python"
+LEROBOT_CHECK = """
+import sys, torch
+from lerobot.datasets.lerobot_dataset import LeRobotDataset
+from lerobot.policies.pi05.configuration_pi05 import PI05Config
+from lerobot.policies.pi05.processor_pi05 import make_pi05_pre_post_processors
+from lerobot.processor.normalize_processor import NormalizerProcessorStep
+from lerobot.configs.types import FeatureType, NormalizationMode, PolicyFeature
+ds = LeRobotDataset("local/vla_rl", root=sys.argv[1])
+frame = ds[0]
+feats = {"observation.state": PolicyFeature(type=FeatureType.STATE, shape=tuple(frame["observation.state"].shape))}
+out = {"action": PolicyFeature(type=FeatureType.ACTION, shape=tuple(frame["action"].shape))}
+cfg = PI05Config(input_features=feats, output_features=out, device="cpu")
+norm = NormalizerProcessorStep(features={**feats, **out}, norm_map=cfg.normalization_mapping, stats=ds.meta.stats)
+batch = norm({"observation": {"observation.state": frame["observation.state"][None]}, "action": frame["action"][None]})
+print(len(ds), ds.meta.total_episodes, batch["observation"]["observation.state"].tolist())
+"""
+
+
+@pytest.mark.skipif(not LEROBOT_SIDE.is_file(), reason="needs scripts/fixtures/lerobot_side_env.sh 0.6.1")
+def test_current_lerobot_loads_our_dataset_and_normalises_it_with_quantiles(dataset, demos):
+    """LeRobot 0.6.1's own LeRobotDataset reads what we write, and π0.5's quantile normaliser accepts its stats
+    (before q01 / q99 were written it refused them)."""
+    import subprocess
+    run = subprocess.run([str(LEROBOT_SIDE), "-c", LEROBOT_CHECK, str(dataset)], capture_output=True, text=True,
+                         timeout=600, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    frames, episodes, state = run.stdout.strip().splitlines()[-1].split(" ", 2)
+    assert (int(frames), int(episodes)) == (len(demos), int(demos.episode_index.max()) + 1)
+    stats = json.loads((dataset / "meta" / "stats.json").read_text())["observation.state"]
+    lo, hi = np.asarray(stats["q01"]), np.asarray(stats["q99"])
+    want = (demos.state[0].double().numpy() - lo) / (hi - lo + 1e-8) * 2 - 1
+    np.testing.assert_allclose(json.loads(state)[0], want, rtol=1e-5, atol=1e-5)
 
 
 def _edit_info(dataset, **changes):

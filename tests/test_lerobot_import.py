@@ -1,5 +1,6 @@
-"""LeRobot π0 / π0.5 checkpoints through our one model: the tiny fixtures written by LeRobot 0.4.4 reproduce its own
-``sample_actions``; masks, cache, real-size parameter counts and refusals of checkpoints we do not understand."""
+"""LeRobot π0 / π0.5 checkpoints through our one model: tiny fixtures written by LeRobot 0.4.4, 0.5.1 and 0.6.1
+(scripts/fixtures/lerobot_pi_fixtures.py) reproduce its own ``sample_actions`` and, from raw robot-unit inputs, its
+processors + policy; masks, cache, real-size parameter counts and refusals of checkpoints we do not understand."""
 
 import json
 import shutil
@@ -11,19 +12,25 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from vla_rl.checkpoint.lerobot_pi import LeRobotImportError, is_lerobot_folder, load_lerobot, read_norm_stats
+from vla_rl.cli import main as cli_main
 from vla_rl.config import policy_preset
 from vla_rl.policies import flow
+from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy, count_parameters
 
-FIXTURES = Path(__file__).parent / "fixtures" / "lerobot_pi_tiny"
+ROOT = Path(__file__).parent / "fixtures" / "lerobot_pi_tiny"
+GENERATIONS = ["lerobot-0.4.4", "lerobot-0.5.1", "lerobot-0.6.1"]   # tied embedding; untied (+ relative actions)
+FIXTURES = ROOT / "lerobot-0.4.4"   # the mechanics below (masks, cache, refusals) on the first generation
 KINDS = ["pi0", "pi05"]
 # What the weights cannot tell: the tiny SigLIP's head count (reference_meta.json records it).
 TINY = {"vision": {"num_heads": 2}}
+EVERY = [(g, k) for g in GENERATIONS for k in KINDS]
+PIPELINES = [(g, k) for g in GENERATIONS[1:] for k in KINDS]   # the fixtures with a raw-input reference
 
 
-def fixture(kind: str) -> tuple[FlowPolicy, dict]:
-    model, _, _ = load_lerobot(FIXTURES / kind, overrides=TINY)
-    return model, load_file(str(FIXTURES / kind / "reference.safetensors"))
+def fixture(kind: str, generation: str = "lerobot-0.4.4") -> tuple[FlowPolicy, dict]:
+    model, _, _ = load_lerobot(ROOT / generation / kind, overrides=TINY)
+    return model, load_file(str(ROOT / generation / kind / "reference.safetensors"))
 
 
 def reference_obs(ref: dict) -> dict:
@@ -38,26 +45,105 @@ def actions(model: FlowPolicy, obs: dict, noise: torch.Tensor) -> torch.Tensor:
         return flow.sample(model.field(model.encode_prefix(obs)), noise, num_steps=5, method="ode").actions
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_fixture_reproduces_lerobot_sample_actions(kind):
-    model, ref = fixture(kind)
+@pytest.mark.parametrize("generation, kind", EVERY)
+def test_fixture_reproduces_lerobot_sample_actions(generation, kind):
+    model, ref = fixture(kind, generation)
     err = (actions(model, reference_obs(ref), ref["noise"]) - ref["actions"]).abs().max().item()
-    assert err <= 1e-5, err   # measured 5e-7 (pi0) and 2e-7 (pi05)
+    assert err <= 1e-5, err   # measured <= 5e-7 on every generation
+
+
+@pytest.mark.parametrize("generation, kind", PIPELINES)
+def test_raw_inputs_reproduce_lerobot_processors_and_policy(generation, kind):
+    """Robot-unit state, uint8 camera frames of another size and task strings through our actor (normalisation,
+    resize-with-pad, prompt and tokenizer, unnormalisation) give the actions LeRobot's pre-processor,
+    ``predict_action_chunk`` and post-processor give, for the same initial noise."""
+    folder = ROOT / generation / kind
+    model, norm, _ = load_lerobot(folder, overrides=TINY)   # finds folder/tokenizer.model
+    ref = load_file(str(folder / "reference.safetensors"))
+    tasks = json.loads((folder / "reference_meta.json").read_text())["tasks"]
+    obs = {"images": torch.stack([ref["raw_img0"], ref["raw_img1"]], dim=1).permute(0, 1, 3, 4, 2),
+           "state": ref["raw_state"], "instruction": tasks}
+    actor = Actor(model, norm, action_low=-float("inf"), action_high=float("inf"))   # LeRobot does not clip
+    prepared = model.prepare(actor.model_obs(obs))
+    assert torch.equal(prepared["tokens"], ref["pipeline_tokens"])
+    assert torch.equal(prepared["token_mask"].bool(), ref["pipeline_token_mask"].bool())
+    noise = ref["noise"]
+    draws = flow.SampleNoise(noise, torch.zeros(2, 5, dtype=torch.bool), torch.zeros(5, *noise.shape))
+    got = actor.chunk(obs, SamplerConfig(num_steps=5, method="ode"), draws=draws)
+    err = (got - ref["pipeline_actions"]).abs().max().item()
+    assert err <= 1e-4, err   # measured <= 1e-6
+
+
+def test_current_lerobot_embeds_with_embed_tokens_not_lm_head():
+    """LeRobot >= 0.5 stores PaliGemma's lm_head and embed_tokens as two tensors and embeds with the latter;
+    0.4 stored one of the tied pair. Embedding with the other table moves π0's actions by ~0.4 on the fixture."""
+    folder = ROOT / "lerobot-0.6.1" / "pi0"
+    pg = "model.paligemma_with_expert.paligemma."
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        embed, head = f.get_tensor(pg + "model.language_model.embed_tokens.weight"), f.get_tensor(pg + "lm_head.weight")
+    assert not torch.equal(embed, head)
+    model, _ = fixture("pi0", "lerobot-0.6.1")
+    assert torch.equal(model.text_embed.weight, embed)
+
+
+@pytest.mark.parametrize("generation", GENERATIONS[1:])
+def test_relative_action_checkpoints_are_refused_and_nothing_is_written(generation, tmp_path, capsys):
+    """A checkpoint trained with ``use_relative_actions`` predicts offsets from the state; imported as absolute
+    it would act wrongly without an error, so it is refused in one line (0.5 names its step delta_actions)."""
+    src = ROOT / generation / "pi05_relative"
+    with pytest.raises(LeRobotImportError, match="trained with relative actions.*refuses"):
+        load_lerobot(src, overrides=TINY)
+    out = tmp_path / "out"
+    assert cli_main(["import", "lerobot", str(src), str(out), "vision.num_heads=2"]) == 2
+    err = capsys.readouterr().err
+    assert "relative actions" in err and not out.exists()
+    # The flag alone (processors without the step) and the step alone (a config without the flag) are enough.
+    for edit in ("config", "processor"):
+        folder = tmp_path / edit
+        shutil.copytree(src, folder)
+        if edit == "config":
+            for name in ("policy_preprocessor.json", "policy_postprocessor.json"):
+                pipe = json.loads((folder / name).read_text())
+                pipe["steps"] = [s for s in pipe["steps"] if "actions_processor" not in s["registry_name"]]
+                (folder / name).write_text(json.dumps(pipe))
+        else:
+            cfg = json.loads((folder / "config.json").read_text())
+            (folder / "config.json").write_text(json.dumps({**cfg, "use_relative_actions": False}))
+        with pytest.raises(LeRobotImportError, match="trained with relative actions"):
+            load_lerobot(folder, overrides=TINY)
+
+
+def test_processor_steps_we_do_not_reproduce_are_refused(tmp_path):
+    folder = tmp_path / "pi05"
+    shutil.copytree(ROOT / "lerobot-0.6.1" / "pi05", folder)
+    load_lerobot(folder, overrides=TINY)   # disabled relative / absolute steps are fine
+    pipe = json.loads((folder / "policy_postprocessor.json").read_text())
+    pipe["steps"].insert(1, {"registry_name": "action_smoothing_processor", "config": {}})
+    (folder / "policy_postprocessor.json").write_text(json.dumps(pipe))
+    with pytest.raises(LeRobotImportError, match=r"\['action_smoothing_processor'\] are not ones this importer"):
+        load_lerobot(folder, overrides=TINY)
+    (folder / "policy_postprocessor.json").write_text("{}")
+    with pytest.raises(LeRobotImportError, match="not a LeRobot processor pipeline"):
+        load_lerobot(folder, overrides=TINY)
 
 
 def test_fixture_dims_and_options_are_inferred():
-    meta = json.loads((FIXTURES / "pi0" / "reference_meta.json").read_text())["tiny_dims"]
-    for kind in KINDS:
-        cfg = fixture(kind)[0].cfg
-        assert (cfg.prefix.width, cfg.expert.width, cfg.depth, cfg.num_heads, cfg.head_dim, cfg.vocab_size) == (
-            meta["vlm"]["width"], meta["expert"]["width"], meta["vlm"]["depth"], meta["num_heads"], meta["head_dim"],
-            meta["vocab_size"])
-        assert (cfg.vision.width, cfg.vision.depth, cfg.vision.mlp_dim, cfg.vision.image_size) == (
-            meta["siglip"]["width"], meta["siglip"]["depth"], meta["siglip"]["mlp_dim"], meta["siglip"]["image_size"])
-        assert (cfg.action_horizon, cfg.action_dim, cfg.max_text_tokens, cfg.num_cameras) == (6, 8, 10, 2)
-        assert cfg.camera_names == ("observation.images.cam0", "observation.images.cam1")
-        assert cfg.state_input == ("prompt" if kind == "pi05" else "suffix")
-        assert cfg.adarms_final_norm == (kind == "pi05")
+    for generation in GENERATIONS:
+        meta = json.loads((ROOT / generation / "pi0" / "reference_meta.json").read_text())["tiny_dims"]
+        for kind in KINDS:
+            cfg = fixture(kind, generation)[0].cfg
+            assert (cfg.prefix.width, cfg.expert.width, cfg.depth, cfg.num_heads, cfg.head_dim, cfg.vocab_size) == (
+                meta["vlm"]["width"], meta["expert"]["width"], meta["vlm"]["depth"], meta["num_heads"],
+                meta["head_dim"], meta["vocab_size"])
+            assert (cfg.vision.width, cfg.vision.depth, cfg.vision.mlp_dim, cfg.vision.image_size) == (
+                meta["siglip"]["width"], meta["siglip"]["depth"], meta["siglip"]["mlp_dim"],
+                meta["siglip"]["image_size"])
+            assert (cfg.action_horizon, cfg.action_dim, cfg.max_text_tokens, cfg.num_cameras) == (
+                6, 8, meta["tokenizer_max_length"], 2)
+            assert cfg.camera_names == ("observation.images.cam0", "observation.images.cam1")
+            assert cfg.state_input == ("prompt" if kind == "pi05" else "suffix")
+            assert cfg.adarms_final_norm == (kind == "pi05")
+            assert cfg.image_resize == "pad" and not cfg.image_antialias   # LeRobot's resize_with_pad_torch
 
 
 @pytest.mark.parametrize("kind", KINDS)

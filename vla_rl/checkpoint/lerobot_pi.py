@@ -133,6 +133,14 @@ def canonical_name(key: str) -> str:
     return key
 
 
+def embedding_name(shapes: dict) -> str:
+    """The tensor the model embeds text tokens with. LeRobot 0.4 tied PaliGemma's input embedding to its lm_head
+    and its file keeps one name of the pair (either); LeRobot >= 0.5 stores both as different tensors and embeds
+    with ``embed_tokens`` (π0 never decodes text, so its lm_head is unused). So: ``embed_tokens`` when the file
+    has it, else the tied ``lm_head``."""
+    return _LM + "embed_tokens.weight" if _LM + "embed_tokens.weight" in shapes else _PG + "lm_head.weight"
+
+
 def _layers(shapes: dict, prefix: str) -> int:
     found = {int(m.group(1)) for k in shapes if (m := re.match(re.escape(prefix) + r"(\d+)\.", k))}
     if found != set(range(len(found))):
@@ -159,8 +167,7 @@ def infer_policy_config(lr: dict, shapes: dict, overrides: dict | None = None) -
     grid = math.isqrt(num_patches)
     if grid * grid != num_patches:
         raise LeRobotImportError(f"SigLIP has {num_patches} position embeddings, not a square grid")
-    embed_name = _PG + "lm_head.weight" if _PG + "lm_head.weight" in shapes else _LM + "embed_tokens.weight"
-    vocab, wp = _shape(shapes, embed_name)
+    vocab, wp = _shape(shapes, embedding_name(shapes))
     k_rows = _shape(shapes, _LM + "layers.0.self_attn.k_proj.weight")[0]
     q_rows = _shape(shapes, _LM + "layers.0.self_attn.q_proj.weight")[0]
     over = overrides or {}
@@ -188,6 +195,7 @@ def infer_policy_config(lr: dict, shapes: dict, overrides: dict | None = None) -
         "head_dim": head_dim, "tokenizer": "sentencepiece", "tokenizer_file": POLICY_TOKENIZER, "vocab_size": vocab,
         "max_text_tokens": int(lr.get("tokenizer_max_length", 200 if pi05 else 48)),
         "num_cameras": len(names), "camera_names": names, "missing_cameras": "mask", "image_resize": "pad",
+        "image_antialias": False,   # LeRobot resizes with resize_with_pad_torch: plain bilinear
         "state_dim": state_dim, "action_dim": action_in[1], "action_horizon": int(lr["chunk_size"]),
         "time_conditioning": "adarms" if pi05 else "concat", "adarms_final_norm": pi05,
         "time_min_period": float(lr.get("min_period", 4e-3)), "time_max_period": float(lr.get("max_period", 4.0)),
@@ -221,9 +229,7 @@ def weight_sources(cfg: PolicyConfig, shapes: dict) -> dict[str, tuple[str, ...]
         "vision_norm.weight": (_VIS + "post_layernorm.weight",), "vision_norm.bias": (_VIS + "post_layernorm.bias",),
         "vision_proj.weight": (_PG + "model.multi_modal_projector.linear.weight",),
         "vision_proj.bias": (_PG + "model.multi_modal_projector.linear.bias",),
-        # PaliGemma ties its input embedding to its lm_head; LeRobot's file keeps one of the two names.
-        "text_embed.weight": (_PG + "lm_head.weight" if _PG + "lm_head.weight" in shapes
-                              else _LM + "embed_tokens.weight",),
+        "text_embed.weight": (embedding_name(shapes),),
         "prefix_norm.weight": (_LM + "norm.weight",),
         "action_in.weight": ("model.action_in_proj.weight",), "action_in.bias": ("model.action_in_proj.bias",),
         "velocity_head.weight": ("model.action_out_proj.weight",),
@@ -409,6 +415,45 @@ def read_norm_stats(path: Path, lr: dict) -> tuple[NormStats, dict]:
     return NormStats(stat(sc, ss), stat(ac, as_), mode), {"state": s_used, "action": a_used}
 
 
+# The processor steps whose effect this importer reproduces (LeRobot 0.4 - 0.6), by pipeline. Any other step could
+# change what the inputs or actions mean, so a folder with one is refused rather than imported silently wrong.
+KNOWN_STEPS = {
+    "policy_preprocessor.json": {"rename_observations_processor", "to_batch_processor", "pi0_new_line_processor",
+                                 "tokenizer_processor", "device_processor", "normalizer_processor",
+                                 "pi05_prepare_state_tokenizer_processor_step",
+                                 "relative_actions_processor", "delta_actions_processor"},   # only when disabled
+    "policy_postprocessor.json": {"unnormalizer_processor", "device_processor",
+                                  "absolute_actions_processor"},                              # only when disabled
+}
+_RELATIVE_STEPS = {"relative_actions_processor", "delta_actions_processor", "absolute_actions_processor"}
+
+
+def check_processor_steps(path: Path, lr: dict) -> None:
+    """Refuse, in one line, a checkpoint whose actions are relative to the state (``use_relative_actions``, LeRobot
+    >= 0.5: the model predicts ``action - state`` on the dims not named in ``relative_exclude_joints`` and the
+    post-processor adds the state back), or whose processors hold a step this importer does not reproduce."""
+    relative = bool(lr.get("use_relative_actions"))
+    for name, known in KNOWN_STEPS.items():
+        f = path / name
+        try:
+            steps = json.loads(f.read_text())["steps"] if f.is_file() else []
+            names = [(s["registry_name"], bool((s.get("config") or {}).get("enabled"))) for s in steps]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            raise LeRobotImportError(f"{f} is not a LeRobot processor pipeline (a 'steps' list of registry names)") \
+                from None
+        unknown = [n for n, _ in names if n not in known]
+        if unknown:
+            raise LeRobotImportError(f"{f}: processor step(s) {unknown} are not ones this importer reproduces "
+                                     f"(known: {sorted(known)}); importing would change what the policy's inputs "
+                                     "or actions mean")
+        relative |= any(on for n, on in names if n in _RELATIVE_STEPS)
+    if relative:
+        raise LeRobotImportError(
+            f"{path}: trained with relative actions (use_relative_actions: the model predicts offsets from the state "
+            f"for all dims but {lr.get('relative_exclude_joints') or []}, which LeRobot adds back); this importer "
+            "reads absolute actions only, and refuses rather than import them as absolute")
+
+
 # ----------------------------------------------------------------------------------------------------
 # Tokenizer
 # ----------------------------------------------------------------------------------------------------
@@ -462,6 +507,7 @@ def _open(src: str | Path, overrides: dict | None) -> tuple[Path, dict, LazyWeig
     if not src.is_dir():
         raise LeRobotImportError(f"no LeRobot policy folder at {src}")
     lr = read_config(src)
+    check_processor_steps(src, lr)
     weights = LazyWeights(src / "model.safetensors")
     cfg = infer_policy_config(lr, weights.shapes, overrides)
     return src, lr, weights, cfg

@@ -5,7 +5,7 @@ part of the format a :class:`~vla_rl.data.dataset.DemoDataset` needs. It writes 
 
     DATASET/
       meta/info.json                             codebase_version "v3.0", fps, features, paths, counts
-      meta/stats.json                            per feature min / max / mean / std / count
+      meta/stats.json                            per feature min / max / mean / std / count / q01..q99
       meta/tasks.parquet                         task string (pandas index) -> task_index
       meta/episodes/chunk-000/file-000.parquet   one row per episode: length, tasks, frame range, data file
       data/chunk-000/file-000.parquet            one row per frame
@@ -68,20 +68,49 @@ def _png(frame: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+# The quantiles current LeRobot stores beside min / max / mean / std (π0.5's normaliser needs q01 / q99).
+QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)
+QUANTILE_KEYS = tuple(f"q{round(q * 100):02d}" for q in QUANTILES)
+
+
 def _stats(x: np.ndarray) -> dict:
-    """LeRobot's per-feature statistics of ``x`` ``[M, ...]`` over the frame axis."""
+    """LeRobot's per-feature statistics of ``x`` ``[M, ...]`` over the frame axis (exact quantiles, numpy's
+    linear interpolation; LeRobot estimates them from histograms)."""
     x = x.astype(np.float64)
-    return {"min": x.min(0).tolist(), "max": x.max(0).tolist(), "mean": x.mean(0).tolist(),
-            "std": x.std(0).tolist(), "count": [int(x.shape[0])]}
+    out = {"min": x.min(0).tolist(), "max": x.max(0).tolist(), "mean": x.mean(0).tolist(),
+           "std": x.std(0).tolist(), "count": [int(x.shape[0])]}
+    for key, q in zip(QUANTILE_KEYS, np.quantile(x, QUANTILES, axis=0)):
+        out[key] = q.tolist()
+    return out
+
+
+def _sorted_at(counts: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    """The values at 0-based ``ranks`` of the sorted sample whose histogram over 0..len-1 is ``counts``."""
+    return np.searchsorted(np.cumsum(counts), ranks, side="right").astype(np.float64)
 
 
 def _image_stats(images: np.ndarray) -> dict:
     """Per-channel statistics of uint8 images ``[M, H, W, 3]``, scaled to [0, 1] and shaped ``[3, 1, 1]``
-    as LeRobot stores them (it normalises images channel-wise after dividing by 255)."""
-    x = images.astype(np.float64) / 255.0
-    out = {}
-    for name, fn in (("min", np.min), ("max", np.max), ("mean", np.mean), ("std", np.std)):
-        out[name] = fn(x, axis=(0, 1, 2)).reshape(3, 1, 1).tolist()
+    as LeRobot stores them (it normalises images channel-wise after dividing by 255). Computed from each
+    channel's 256-bin histogram: exact, in constant memory however many frames there are."""
+    if images.dtype != np.uint8:
+        raise TypeError(f"camera images must be uint8, got {images.dtype}")
+    values = np.arange(256, dtype=np.float64)
+    cols: dict[str, list[float]] = {k: [] for k in ("min", "max", "mean", "std", *QUANTILE_KEYS)}
+    for c in range(images.shape[-1]):
+        counts = np.bincount(images[..., c].reshape(-1), minlength=256).astype(np.float64)
+        n = counts.sum()
+        mean = (counts * values).sum() / n
+        seen = np.flatnonzero(counts)
+        cols["min"].append(seen[0])
+        cols["max"].append(seen[-1])
+        cols["mean"].append(mean)
+        cols["std"].append(np.sqrt((counts * (values - mean) ** 2).sum() / n))
+        for key, q in zip(QUANTILE_KEYS, QUANTILES):
+            h = (n - 1) * q   # numpy's linear interpolation between the two neighbouring order statistics
+            lo, hi = _sorted_at(counts, np.array([np.floor(h), np.ceil(h)]))
+            cols[key].append(lo + (h - np.floor(h)) * (hi - lo))
+    out = {k: (np.asarray(v, dtype=np.float64) / 255.0).reshape(3, 1, 1).tolist() for k, v in cols.items()}
     out["count"] = [int(images.shape[0])]
     return out
 
