@@ -48,8 +48,10 @@ $(VENV)/.warp: $(VENV)/.installed pyproject.toml | $(VENV)/.libero $(VENV)/.ray
 	$(PY) benchmarks/bench_libero_warp.py --smoke
 	touch $@
 
-test: install $(VENV)/.ray $(VENV)/.warp
+lint: $(VENV)/.installed
 	$(PY) -m ruff check .
+
+test: install $(VENV)/.ray $(VENV)/.warp lint
 	$(PY) -m pytest -q
 
 test-slow: install $(VENV)/.ray $(VENV)/.warp

@@ -204,7 +204,7 @@ def raw_actions(low, high, seed: int) -> np.ndarray:
 def _make_raw_libero(suite_name: str, task_id: int, image_size: int):
     """A robosuite ``OffScreenRenderEnv`` made with the adapter's arguments, and the task's init states."""
     torch.set_num_threads(1)
-    from vla_rl.envs.libero import setup_libero_env_vars
+    from vla_rl.envs.libero.robosuite_env import setup_libero_env_vars
 
     setup_libero_env_vars()   # LIBERO_CONFIG_PATH (else LIBERO prompts on stdin), MUJOCO_GL
     from libero.libero import benchmark, get_libero_path
@@ -221,7 +221,7 @@ def _make_raw_libero(suite_name: str, task_id: int, image_size: int):
 
 def _raw_libero_worker(conn, suite_name: str, task_id: int, image_size: int, max_steps: int, seed: int) -> None:
     try:
-        from vla_rl.envs.libero import NOOP
+        from vla_rl.envs.libero.robosuite_env import NOOP
 
         env, init_states = _make_raw_libero(suite_name, task_id, image_size)
         rng = np.random.default_rng(seed)
@@ -353,7 +353,7 @@ class LiberoLockstep(Lockstep):
 
     def __init__(self, suite_name: str, task_id: int, image_size: int, max_steps: int, n: int):
         super().__init__(n)
-        from vla_rl.envs.libero import NOOP, setup_libero_env_vars
+        from vla_rl.envs.libero.robosuite_env import NOOP, setup_libero_env_vars
 
         setup_libero_env_vars()
         from libero.libero import benchmark
@@ -417,7 +417,7 @@ def bench_maniskill(n: int, args) -> dict:
 
 
 def bench_libero(n: int, args) -> dict:
-    from vla_rl.envs.libero import LiberoConfig, LiberoSingleEnv
+    from vla_rl.envs.libero.robosuite_env import LiberoConfig, LiberoSingleEnv
     from vla_rl.envs.workers import WorkerVectorEnv
 
     plain = args.libero_plain_substeps

@@ -28,13 +28,13 @@ import warnings
 
 import torch
 
-from vla_rl.config import policy_preset
 from vla_rl.policies import flow
 from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.inference import Denoiser, cast_weights
 from vla_rl.policies.lora import LoRAConfig, merge_lora
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
+from vla_rl.presets import policy_preset
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.rollout import Rollout
 
@@ -141,7 +141,7 @@ def restore(model: FlowPolicy) -> None:
 
 def planned_gib(args, method: str, parts: str, train: str, cuda: bool) -> str:
     """The memory plan's total for this row's update (vla_rl/train/memory_plan.py), to set beside the measured peak."""
-    from vla_rl.config import from_dict
+    from vla_rl.core.schema import from_dict
     from vla_rl.train.memory_plan import GIB, plan_memory
     from vla_rl.train.trainer import TrainConfig
 

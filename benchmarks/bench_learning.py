@@ -38,15 +38,15 @@ from pathlib import Path
 
 import torch
 
-from vla_rl.checkpoint.folders import CheckpointError
 from vla_rl.checkpoint.policy import save_policy
-from vla_rl.config import load_preset, policy_preset
+from vla_rl.core.errors import CheckpointError
 from vla_rl.data.collect import collect_builtin_demos
 from vla_rl.data.maniskill_demos import collect_maniskill
 from vla_rl.policies.actor import Actor
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.sft import SFTConfig, SFTRunConfig, run_sft, train_sft
+from vla_rl.presets import load_preset, policy_preset
+from vla_rl.train.sft import SFTConfig, SFTRunConfig, run_sft, train_sft
 from vla_rl.train.trainer import TrainConfig, Trainer, resume_trainer
 
 LABELS = {"sde": "Flow-SDE PPO", "noise": "Flow-Noise PPO"}

@@ -169,9 +169,9 @@ def _lerobot_runner(dims: dict, horizon: int, action_dim: int, steps: int):
 def _ours_runner(dims: dict, horizon: int, action_dim: int, steps: int, path: str):
     import torch
 
-    from vla_rl.config import policy_preset
     from vla_rl.policies import flow
     from vla_rl.policies.model import FlowPolicy
+    from vla_rl.presets import policy_preset
 
     torch.manual_seed(0)
     model = FlowPolicy(policy_preset(dims["preset"], {"action_horizon": horizon, "action_dim": action_dim,
@@ -317,7 +317,7 @@ def worker(kind: str, threads: int) -> None:
 # Driver
 # ----------------------------------------------------------------------------------------------------
 def bench_dims(preset: str) -> dict:
-    from vla_rl.config import policy_preset
+    from vla_rl.presets import policy_preset
 
     cfg = policy_preset(preset)
     v = cfg.vision

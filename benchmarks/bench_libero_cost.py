@@ -28,7 +28,7 @@ def rss_mb() -> float:
 
 
 def measure(case: str, steps: int, suite: str, task: int) -> dict:
-    from vla_rl.envs.libero import LiberoConfig, LiberoSingleEnv
+    from vla_rl.envs.libero.robosuite_env import LiberoConfig, LiberoSingleEnv
 
     plain = case.endswith("-plain")
     base = case.removesuffix("-plain")

@@ -24,7 +24,7 @@ their targets and settled by robosuite, articulations moved past their threshold
 vs robosuite's over 4 random actions; (3) end-effector and object divergence over ``--steps`` random actions from
 init state 0, per step; (4) PSNR of the two cameras at the episode start (128 px), raw and after a per-channel
 linear colour fit (what is left once the renderers' lighting difference is taken out); (5) ``success``: a
-scripted pick-and-place policy on privileged state (``warp_fidelity.PickPlaceExpert``, closed loop) from the same
+scripted pick-and-place policy on privileged state (``envs.libero.fidelity.PickPlaceExpert``, closed loop) from the same
 ``--success-episodes`` init states on both simulators: success rates and episode-by-episode agreement.
 """
 
@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from vla_rl.envs.libero_warp import LiberoWarpConfig, LiberoWarpEnv  # noqa: E402
+from vla_rl.envs.libero.warp_env import LiberoWarpConfig, LiberoWarpEnv  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -60,10 +60,10 @@ def sync(device: torch.device) -> None:
 
 # ------------------------------------------------------------------------------------------------ speed
 def tiny_actor(num_cameras: int, image_size: int, device: torch.device):
-    from vla_rl.config import policy_preset
     from vla_rl.policies.actor import Actor
     from vla_rl.policies.model import FlowPolicy
     from vla_rl.policies.normalize import NormStats, Stats
+    from vla_rl.presets import policy_preset
 
     cfg = policy_preset("tiny", {"num_cameras": num_cameras, "action_dim": 7, "state_dim": 8,
                                  "vision": {"image_size": image_size}})
@@ -118,7 +118,7 @@ def speed_case(scenes, n: int, cameras: int, policy: bool, args, device: torch.d
 
 
 def run_speed(args) -> dict:
-    from vla_rl.envs.libero_scene import load_task_scene
+    from vla_rl.envs.libero.scene import load_task_scene
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -146,7 +146,7 @@ def run_speed(args) -> dict:
 # ------------------------------------------------------------------------------------------------ fidelity
 def psnr_affine(ours: np.ndarray, ref: np.ndarray) -> float:
     """PSNR after fitting ``a * ours + b`` to ``ref`` per channel (least squares): the lighting taken out."""
-    from vla_rl.eval.warp_fidelity import psnr
+    from vla_rl.envs.libero.fidelity import psnr
 
     fitted = np.empty(ours.shape, dtype=np.float64)
     for c in range(3):
@@ -157,9 +157,9 @@ def psnr_affine(ours: np.ndarray, ref: np.ndarray) -> float:
 
 
 def fidelity_task(single, suite: str, task: int, args) -> dict:
-    from vla_rl.envs.libero_scene import load_task_scene
-    from vla_rl.envs.libero_warp import CAMERAS, TaskWorlds
-    from vla_rl.eval import warp_fidelity as F
+    from vla_rl.envs.libero import fidelity as F
+    from vla_rl.envs.libero.scene import load_task_scene
+    from vla_rl.envs.libero.warp_env import CAMERAS, TaskWorlds
 
     parts = set(args.parts.split(","))
     cpu = torch.device("cpu")
@@ -258,7 +258,7 @@ def fidelity_task(single, suite: str, task: int, args) -> dict:
 
 
 def run_fidelity(args) -> dict:
-    from vla_rl.envs.libero import SUITE_NUM_TASKS, LiberoConfig, LiberoSingleEnv
+    from vla_rl.envs.libero.robosuite_env import SUITE_NUM_TASKS, LiberoConfig, LiberoSingleEnv
 
     results = []
     for suite in args.suites.split(","):
@@ -278,7 +278,7 @@ def smoke_skip() -> str | None:
     """Why the smoke run cannot run here (None: it can)."""
     if os.environ.get("VLA_RL_SKIP_SIMULATORS") == "1":
         return "VLA_RL_SKIP_SIMULATORS=1"
-    from vla_rl.envs.libero_warp import LiberoWarpNotInstalled, import_warp
+    from vla_rl.envs.libero.warp_env import LiberoWarpNotInstalled, import_warp
 
     try:
         import_warp()

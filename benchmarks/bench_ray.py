@@ -140,7 +140,8 @@ def train_modes(device: str) -> dict[str, dict]:
 def train_rows(iterations: int, device: str, repeats: int, envs: int) -> list[dict]:
     import tempfile
 
-    from vla_rl.config import from_dict, merge, preset_path, read_yaml
+    from vla_rl.core.schema import from_dict
+    from vla_rl.presets import merge, preset_path, read_yaml
     from vla_rl.train.trainer import TrainConfig, Trainer
 
     if iterations < 4:
@@ -202,7 +203,7 @@ def main() -> None:
 
     import ray
 
-    from vla_rl.distributed.config import RayConfig
+    from vla_rl.distributed.ray_config import RayConfig
     from vla_rl.distributed.runtime import connect
 
     counts = [int(w) for w in args.workers.split(",")]

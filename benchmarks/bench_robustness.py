@@ -37,9 +37,9 @@ from pathlib import Path
 import torch
 
 from vla_rl.checkpoint.policy import load_policy
-from vla_rl.config import parse_overrides
-from vla_rl.demo import DemoConfig, demo_success, demo_train_config, train_demo_sft
 from vla_rl.policies.actor import Actor
+from vla_rl.presets import parse_overrides
+from vla_rl.train.demo import DemoConfig, demo_success, demo_train_config, train_demo_sft
 from vla_rl.train.trainer import Trainer
 
 PRESETS = {"noise": "builtin_flow_noise", "sde": "builtin_flow_sde"}

@@ -133,10 +133,10 @@ def policy_segment(actor, obs: dict, args):
 
 
 def tiny_actor(spec):
-    from vla_rl.config import policy_preset
     from vla_rl.policies.actor import Actor
     from vla_rl.policies.model import FlowPolicy
     from vla_rl.policies.normalize import NormStats, Stats
+    from vla_rl.presets import policy_preset
 
     base = policy_preset("tiny")
     cfg = policy_preset("tiny", {"num_cameras": 0, "state_dim": max(base.state_dim, spec.state_dim),

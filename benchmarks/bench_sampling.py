@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from vla_rl.config import policy_preset
 from vla_rl.policies import flow
 from vla_rl.policies.model import FlowPolicy
+from vla_rl.presets import policy_preset
 
 
 def timed(fn, repeats: int, device: torch.device) -> float:

@@ -24,12 +24,12 @@ import time
 import numpy as np
 import torch
 
-from vla_rl.config import policy_preset
 from vla_rl.interop.serve import ServeConfig, ServerThread
 from vla_rl.interop.wire import pack, unpack
 from vla_rl.policies.exported import CameraSpec, ExportedPolicy, ExportSpec
 from vla_rl.policies.model import FlowPolicy, count_parameters
 from vla_rl.policies.normalize import NormStats, Stats
+from vla_rl.presets import policy_preset
 
 WEIGHTS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

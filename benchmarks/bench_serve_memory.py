@@ -35,10 +35,10 @@ def tiny_export(folder: Path) -> Path:
     import torch
 
     from vla_rl.checkpoint.policy import save_policy
-    from vla_rl.config import policy_preset
     from vla_rl.interop.export import export_policy
     from vla_rl.policies.model import FlowPolicy
     from vla_rl.policies.normalize import NormStats, Stats
+    from vla_rl.presets import policy_preset
 
     cfg = policy_preset("tiny")
     torch.manual_seed(0)

@@ -1,5 +1,5 @@
 """Seconds per built-in RL iteration with 1 torch thread, with every core, and with ``threads=auto``, on the
-machine as it is (idle or shared): the measurement behind ``threads: auto`` (vla_rl/threads.py).
+machine as it is (idle or shared): the measurement behind ``threads: auto`` (vla_rl/core/threads.py).
 
     python benchmarks/bench_threads.py [--settings 1,all,auto] [--rounds 3] [--iterations 3]
 
@@ -30,8 +30,8 @@ def worker(setting: str, iterations: int) -> None:
     """One run: print a JSON line with the threads used and the per-iteration wall and CPU seconds."""
     import torch
 
-    from vla_rl.config import load_preset
-    from vla_rl.threads import available_cores, measured_busy_cores
+    from vla_rl.core.threads import available_cores, measured_busy_cores
+    from vla_rl.presets import load_preset
     from vla_rl.train.trainer import TrainConfig, Trainer
 
     load = os.getloadavg()[0]

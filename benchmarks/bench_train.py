@@ -19,11 +19,11 @@ import time
 
 import torch
 
-from vla_rl.config import policy_preset
 from vla_rl.envs.builtin import ColorReachEnv
 from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
+from vla_rl.presets import policy_preset
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.rollout import collect_rollout
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vla_rl.config import from_dict
+from vla_rl.core.schema import from_dict
 from vla_rl.train.memory_plan import GIB, RESERVE, plan_memory
 from vla_rl.train.trainer import TrainConfig
 

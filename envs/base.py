@@ -20,6 +20,8 @@ import torch
 from torch import Tensor
 
 EPISODE_METRICS = ("success_once", "success_at_end", "return", "length")
+# Names of a 7-d delta end-effector pose action (ManiSkill's pd_ee_delta_pose, LIBERO's OSC_POSE), for export specs.
+DELTA_POSE_ACTIONS = ["dx", "dy", "dz", "drx", "dry", "drz", "gripper"]
 
 
 class SimulatorUnavailable(RuntimeError):

@@ -30,9 +30,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..policies.keyed_random import keyed_uniform
-from ..policies.ranges import check_ranges, nonneg, positive, ranged, setting
-from .base import ChunkBook, ChunkStep, EnvSpec, EpisodeTracker, check_action_chunk
+from vla_rl.core.keyed_random import keyed_uniform
+from vla_rl.core.ranges import check_ranges, nonneg, positive, ranged, setting
+from vla_rl.envs.base import ChunkBook, ChunkStep, EnvSpec, EpisodeTracker, check_action_chunk
 
 COLORS = ("red", "green", "blue")
 RGB = torch.tensor([[220, 40, 40], [40, 190, 60], [50, 90, 235]], dtype=torch.uint8)
@@ -83,7 +83,7 @@ class ColorReachEnv:
         n = num_envs
         self.gen = torch.Generator(device=self.device).manual_seed(seed)   # the expert's action noise only
         # Env i's episodes are named by (its seed, its episode count): each initial state is drawn from those
-        # two numbers alone (counter-based, policies/keyed_random.py), so an episode seed gives the same
+        # two numbers alone (counter-based, vla_rl/core/keyed_random.py), so an episode seed gives the same
         # episode whatever the number of envs or the env's place among them.
         self.seeds = seed + torch.arange(n, dtype=torch.long, device=self.device)
         self.episode = torch.full((n,), -1, dtype=torch.long, device=self.device)
@@ -258,3 +258,14 @@ class ColorReachSingleEnv:
 
     def close(self) -> None:
         pass
+
+
+def describe_robot(task: ColorReachConfig, *, state_dim: int, action_dim: int) -> dict:
+    """What the task's state and actions mean, for an exported policy's spec (names, units, bounds, camera)."""
+    unit = "workspace [-1, 1]"
+    actions = (["target_x", "target_y"], [unit] * 2) if task.control == "target" else \
+        (["dx", "dy"], [f"step fraction (1 = {task.step_size} workspace units)"] * 2)
+    return {"control_mode": f"builtin:{task.control}", "action_low": -1.0, "action_high": 1.0,
+            "state_names": ["agent_x", "agent_y", "last_action_x", "last_action_y"], "state_units": [unit] * 4,
+            "action_names": actions[0], "action_units": actions[1],
+            "cameras": [{"name": "image", "height": task.image_size, "width": task.image_size}]}

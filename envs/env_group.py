@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .base import EnvSpec
+from vla_rl.envs.base import EnvSpec
 
 
 class ChunkReply(NamedTuple):

@@ -36,8 +36,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..policies.ranges import check_ranges, ranged, setting
-from .base import (
+from vla_rl.core.paths import cache_dir, checkout_root
+from vla_rl.core.ranges import check_ranges, ranged, setting
+from vla_rl.envs.base import (
+    DELTA_POSE_ACTIONS,
     ChunkBook,
     ChunkStep,
     EnvSpec,
@@ -46,8 +48,7 @@ from .base import (
     check_action_chunk,
     check_env_indices,
 )
-from .cache import cache_dir, checkout_root
-from .workers import WorkerVectorEnv
+from vla_rl.envs.workers import WorkerVectorEnv
 
 LAVAPIPE_ICD = cache_dir() / "mesa25" / "lvp_icd.x86_64.json"
 SETUP_HINT = ("run `make sims` (or `PY=.venv/bin/python bash scripts/setup_maniskill.sh`) to install "
@@ -82,14 +83,14 @@ REWARD_OFFSET = {"sparse": 0.0, "dense": 0.0, "dense_cost": -1.0}
 SIM_BACKENDS = ("auto", "cpu", "gpu")
 
 
-def _base_name(task: str) -> str:
+def task_base_name(task: str) -> str:
     return re.sub(r"-v\d+$", "", task)
 
 
 def default_instruction(task: str) -> str:
     """The instruction of ``task``: from :data:`INSTRUCTIONS`, else the words of the task id
     (``"OpenCabinetDrawer-v1"`` -> ``"open cabinet drawer"``)."""
-    base = _base_name(task)
+    base = task_base_name(task)
     if base in INSTRUCTIONS:
         return INSTRUCTIONS[base]
     words = re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+", base)
@@ -186,7 +187,7 @@ def check_task(task: str) -> None:
     if task not in REGISTERED_ENVS:
         names = sorted(REGISTERED_ENVS) or sorted(gym.registry)
         close = difflib.get_close_matches(task, names, n=5, cutoff=0.5)
-        close += [n for n in names if _base_name(n).lower() == _base_name(task).lower() and n not in close]
+        close += [n for n in names if task_base_name(n).lower() == task_base_name(task).lower() and n not in close]
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise ValueError(f"unknown ManiSkill task {task!r}{hint} ({len(names)} tasks are registered)")
     from mani_skill.utils import assets
@@ -522,4 +523,22 @@ def make_maniskill_env(cfg: ManiSkillConfig, num_envs: int, device="cpu", seed: 
 
     return WorkerVectorEnv(functools.partial(ManiSkillSingleEnv, cfg), num_envs, seed=seed,
                            envs_per_worker=envs_per_worker, max_restarts=max_restarts, log=log,
-                           name=f"maniskill-{_base_name(cfg.task)}")
+                           name=f"maniskill-{task_base_name(cfg.task)}")
+
+
+
+def describe_robot(task: ManiSkillConfig, *, state_dim: int, action_dim: int) -> dict:
+    """What the task's state and actions mean, for an exported policy's spec: its normalised delta controllers take
+    [-1, 1]; other modes' bounds are the robot's (not recorded). Cameras: the exporter's generic ones."""
+    delta = "delta" in task.control_mode
+    names = DELTA_POSE_ACTIONS if task.control_mode == "pd_ee_delta_pose" and action_dim == 7 else \
+        [f"joint_{i + 1}_delta" for i in range(7)] + ["gripper"] \
+        if task.control_mode == "pd_joint_delta_pos" and action_dim == 8 else []
+    return {"control_mode": f"maniskill:{task.control_mode}", "action_low": -1.0 if delta else None,
+            "action_high": 1.0 if delta else None,
+            "action_names": names, "action_units": ["normalized [-1, 1]"] * len(names) if delta else [],
+            "instruction": task.task_instruction,
+            "notes": "gripper: +1 opens, -1 closes. State: ManiSkill's "
+                     + ("flat privileged state vector" if task.obs_mode != "rgb" else
+                        "proprioception and task extras, flattened in sorted key order")
+                     + ("" if delta else "; action bounds of this control mode are not recorded (not clipped)")}

@@ -22,8 +22,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from .env_group import EnvGroup, land_reset, land_step, obs_layout
-from .worker_pool import WorkerError, WorkerPool, split_evenly
+from vla_rl.envs.env_group import EnvGroup, land_reset, land_step, obs_layout
+from vla_rl.envs.worker_pool import WorkerError, WorkerPool, split_evenly
 
 
 class EnvActor:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .base import ChunkStep
+from vla_rl.envs.base import ChunkStep
 
 VIDEO_SUFFIXES = (".mp4", ".gif")
 # Episode videos (eval, bench) for a person: frames enlarged to at least this many pixels on their short side

@@ -19,8 +19,8 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from .base import ChunkStep, EnvSpec, EpisodeTracker, check_action_chunk, check_env_indices
-from .env_group import ChunkReply
+from vla_rl.envs.base import ChunkStep, EnvSpec, EpisodeTracker, check_action_chunk, check_env_indices
+from vla_rl.envs.env_group import ChunkReply
 
 
 class WorkerError(RuntimeError):

@@ -17,15 +17,15 @@ import os
 import signal
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from multiprocessing import shared_memory
 
 import numpy as np
 import torch
 
-from .base import EnvSpec
-from .env_group import EnvGroup, land_reset, land_step, obs_layout
-from .worker_pool import WorkerError, WorkerPool, auto_envs_per_worker, split_evenly, worker_slices  # noqa: F401
+from vla_rl.envs.base import EnvSpec
+from vla_rl.envs.env_group import EnvGroup, land_reset, land_step, obs_layout
+from vla_rl.envs.worker_pool import WorkerError, WorkerPool, auto_envs_per_worker, split_evenly, worker_slices  # noqa: F401
 
 PARENT_CHECK_S = 2.0   # how often an idle worker checks that its parent is still alive
 # "all": every worker prints what its simulator says; otherwise only the first worker of each pool name in a
@@ -281,3 +281,13 @@ class WorkerVectorEnv(WorkerPool):
             self.bufs.close(unlink=True)
             self.bufs = None
             self.arrays = None
+
+
+def local_worker_processes(envs: Iterable) -> int:
+    """The env worker processes on this machine behind ``envs`` (each env counted once; in-process envs and
+    Ray env actors, which may run elsewhere and set their own threads, count 0)."""
+    seen: dict[int, int] = {}
+    for env in envs:
+        if env is not None and isinstance(env, WorkerVectorEnv):
+            seen[id(env)] = env.num_workers
+    return sum(seen.values())

@@ -20,11 +20,12 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from vla_rl.core.ranges import check_ranges, positive, ranged, setting
+from vla_rl.policies.inference import CompileMode, Denoiser
+from vla_rl.policies.model import FlowPolicy, Prefix
+from vla_rl.policies.normalize import NormStats, actions_from_model, actions_to_model, state_to_model
+
 from . import flow
-from .inference import CompileMode, Denoiser
-from .model import FlowPolicy, Prefix
-from .normalize import NormStats, actions_from_model, actions_to_model, state_to_model
-from .ranges import check_ranges, positive, ranged, setting
 
 
 @dataclass(frozen=True)

@@ -36,14 +36,14 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor
 
-from .config import PolicyConfig
-from .inference import CompileMode, Denoiser, cast_weights
-from .layers import resize_with_pad
-from .model import FlowPolicy
-from .normalize import NormStats, actions_from_model, state_to_model
-from .ranges import ConfigError, setting
-from .schema import from_dict, to_dict
-from .tokenizer import SentencePieceTokenizer, TokenizerError
+from vla_rl.core.ranges import ConfigError, setting
+from vla_rl.core.schema import from_dict, to_dict
+from vla_rl.policies.inference import CompileMode, Denoiser, cast_weights
+from vla_rl.policies.layers import resize_with_pad
+from vla_rl.policies.model import FlowPolicy
+from vla_rl.policies.normalize import NormStats, actions_from_model, state_to_model
+from vla_rl.policies.policy_config import PolicyConfig
+from vla_rl.policies.tokenizer import SentencePieceTokenizer, TokenizerError
 
 EXPORT_FORMAT = "vla-rl-export/1"
 WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

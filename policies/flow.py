@@ -36,7 +36,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from .keyed_random import keyed_normal, keyed_uniform
+from vla_rl.core.keyed_random import keyed_normal, keyed_uniform
 
 Method = Literal["ode", "sde", "noise"]
 SDEMode = Literal["all", "mixed"]

@@ -26,9 +26,10 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from vla_rl.policies.layers import RMSNorm
+from vla_rl.policies.model import ExpertContext, FlowPolicy, Prefix
+
 from . import flow
-from .layers import RMSNorm
-from .model import ExpertContext, FlowPolicy, Prefix
 
 WeightDtype = Literal["fp32", "bf16"]
 CompileMode = Literal["none", "compile", "cudagraph"]

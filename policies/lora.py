@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .ranges import ConfigError, check_ranges, fraction, nonneg, positive, setting
+from vla_rl.core.ranges import ConfigError, check_ranges, fraction, nonneg, positive, setting
 
 # Linear layers by name: the transformer streams' attention and MLP projections, the ViT blocks' ones.
 STREAM_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -11,7 +11,7 @@ block-causally (π0's state token sees the prefix and itself, the action tokens 
 (:meth:`FlowPolicy.encode_prefix`) and every denoising step only runs the expert (:meth:`FlowPolicy.expert`).
 :meth:`FlowPolicy.forward_joint` is the uncached reference (both streams in one pass), used to test the cache.
 
-The options of :class:`~vla_rl.policies.config.PolicyConfig` cover LeRobot's / openpi's π0 (state token in
+The options of :class:`~vla_rl.policies.policy_config.PolicyConfig` cover LeRobot's / openpi's π0 (state token in
 the suffix, concat time MLP) and π0.5 (state as text, adaptive RMSNorm throughout the expert), so their
 checkpoints load one to one (:mod:`vla_rl.checkpoint.lerobot_pi`).
 
@@ -28,8 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import PolicyConfig
-from .layers import (
+from vla_rl.policies.layers import (
     AdaRMSNorm,
     RMSNorm,
     StreamLayer,
@@ -40,7 +39,8 @@ from .layers import (
     sincos_2d_positions,
     sincos_time_embedding,
 )
-from .tokenizer import SentencePieceTokenizer, discretize_state, pi0_prompt, pi05_prompt, tokenize
+from vla_rl.policies.policy_config import PolicyConfig
+from vla_rl.policies.tokenizer import SentencePieceTokenizer, discretize_state, pi0_prompt, pi05_prompt, tokenize
 
 
 @dataclass

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .model import FlowPolicy
+from vla_rl.policies.model import FlowPolicy
 
 Parts = Literal["none", "prefix", "expert", "all"]
 PARTS = ("none", "prefix", "expert", "all")

@@ -15,9 +15,10 @@ import os
 import pytest
 import torch
 
-from vla_rl.config import from_dict, policy_preset
-from vla_rl.policies.config import PolicyConfig
+from vla_rl.core.schema import from_dict
 from vla_rl.policies.model import FlowPolicy
+from vla_rl.policies.policy_config import PolicyConfig
+from vla_rl.presets import policy_preset
 
 SKIP_SIMULATORS = os.environ.get("VLA_RL_SKIP_SIMULATORS") == "1"
 
@@ -71,7 +72,7 @@ def sft_policy(folder, model_overrides: dict, steps: int):
     from vla_rl.data.collect import collect_builtin_demos
     from vla_rl.policies.actor import Actor
     from vla_rl.policies.normalize import NormStats, Stats
-    from vla_rl.sft import SFTConfig, train_sft
+    from vla_rl.train.sft import SFTConfig, train_sft
 
     torch.manual_seed(0)
     data = collect_builtin_demos(4, seed=0)

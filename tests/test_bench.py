@@ -11,7 +11,7 @@ from helpers import SKIP_SIMULATORS as SKIP
 
 from vla_rl.checkpoint.policy import save_policy
 from vla_rl.cli import main
-from vla_rl.config import ConfigError, policy_preset
+from vla_rl.core.ranges import ConfigError
 from vla_rl.eval.bench import (
     RESULT_FORMAT,
     BenchError,
@@ -22,6 +22,7 @@ from vla_rl.eval.bench import (
 )
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
+from vla_rl.presets import policy_preset
 
 
 def test_suite_names():
@@ -108,8 +109,9 @@ def test_compare_says_when_benches_are_not_like_for_like(tmp_path, capsys):
 
 
 def test_a_bench_run_from_python_records_the_command_that_repeats_it():
-    from vla_rl.config import from_dict, parse_overrides
+    from vla_rl.core.schema import from_dict
     from vla_rl.eval.bench import BenchConfig, bench_markdown, equivalent_command
+    from vla_rl.presets import parse_overrides
 
     cfg = BenchConfig(suite="maniskill:PickCube-v1", tasks=["PickCube-v1"], episodes=2, progress=False,
                       env={"max_episode_steps": 8}, out="runs/my bench")

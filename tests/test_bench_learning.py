@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from vla_rl.config import from_dict, load_preset
+from vla_rl.core.schema import from_dict
 from vla_rl.policies.normalize import parse_dims
-from vla_rl.sft import SFTRunConfig
+from vla_rl.presets import load_preset
+from vla_rl.train.sft import SFTRunConfig
 from vla_rl.train.trainer import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]

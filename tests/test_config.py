@@ -5,8 +5,10 @@ from typing import Literal
 
 import pytest
 
-from vla_rl.config import ConfigError, config_help, from_dict, parse_overrides, positive, setting, to_dict
+from vla_rl.core.ranges import ConfigError, positive, setting
+from vla_rl.core.schema import config_help, from_dict, to_dict
 from vla_rl.policies import tokenizer
+from vla_rl.presets import parse_overrides
 
 
 @dataclass(frozen=True)
@@ -108,8 +110,8 @@ def test_every_shipped_preset_loads_and_its_model_builds():
 
     import torch
 
-    from vla_rl.config import load_preset, policy_preset
     from vla_rl.policies.model import FlowPolicy
+    from vla_rl.presets import load_preset, policy_preset
     from vla_rl.train.trainer import TrainConfig
 
     root = Path(__file__).resolve().parent.parent / "configs"
@@ -132,7 +134,7 @@ def test_every_shipped_preset_loads_and_its_model_builds():
 
 def test_a_built_wheel_carries_the_presets(tmp_path):
     """`pip install vla-rl` (not editable, run outside a checkout) must still find configs/*/*.yaml: the
-    wheel maps them to vla_rl/configs, where vla_rl.config looks first."""
+    wheel maps them to vla_rl/configs, where vla_rl.presets looks first."""
     import subprocess
     import sys
     from pathlib import Path
@@ -144,14 +146,15 @@ def test_a_built_wheel_carries_the_presets(tmp_path):
     (wheel,) = (tmp_path / "wheel").glob("vla_rl-*.whl")
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(tmp_path / "site"),
                     str(wheel)], check=True, capture_output=True)
-    probe = ("from vla_rl.config import preset_path; from vla_rl.config import policy_preset; "
+    probe = ("from vla_rl.presets import preset_path; from vla_rl.presets import policy_preset; "
              "print(preset_path('experiment', 'builtin_flow_sde')); print(policy_preset('tiny').depth)")
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={"PYTHONPATH": str(tmp_path / "site")},
                          check=True, capture_output=True, text=True).stdout.split()
     assert Path(out[0]) == tmp_path / "site" / "vla_rl" / "configs" / "experiment" / "builtin_flow_sde.yaml"
     assert out[1] == "3"
     # The simulators' setup files are looked for outside site-packages: $VLA_RL_CACHE, else ~/.cache/vla-rl.
-    probe = ("from vla_rl.envs.maniskill import LAVAPIPE_ICD; from vla_rl.envs.libero import setup_libero_env_vars; "
+    probe = ("from vla_rl.envs.maniskill import LAVAPIPE_ICD; "
+             "from vla_rl.envs.libero.robosuite_env import setup_libero_env_vars; "
              "print(LAVAPIPE_ICD); print(setup_libero_env_vars())")
     home = {"PYTHONPATH": str(tmp_path / "site"), "HOME": str(tmp_path / "home")}
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=home, check=True, capture_output=True,
@@ -163,7 +166,7 @@ def test_a_built_wheel_carries_the_presets(tmp_path):
     assert out == ["/opt/c/mesa25/lvp_icd.x86_64.json", "/opt/c/libero"]
     # `python -m pytest` from the checkout's root imports the checkout's vla_rl (first on sys.path) beside an
     # installed one; its envs / policies / presets then come from the checkout too.
-    probe = ("import vla_rl.envs.base, vla_rl.policies.flow, vla_rl.config as c; "
+    probe = ("import vla_rl.envs.base, vla_rl.policies.flow, vla_rl.presets as c; "
              "print(vla_rl.envs.base.__file__); print(vla_rl.policies.flow.__file__); print(c.CONFIG_DIR)")
     out = subprocess.run([sys.executable, "-c", probe], cwd=root, env=home, check=True, capture_output=True,
                          text=True).stdout.split()

@@ -20,8 +20,9 @@ def test_demo_runs_sft_then_rl_then_evaluates(tmp_path, capsys):
 
 
 def test_demo_rl_stage_stabilisers_reach_the_rl_config(tmp_path):
-    from vla_rl.config import from_dict, parse_overrides
-    from vla_rl.demo import DemoConfig, demo_train_config
+    from vla_rl.core.schema import from_dict
+    from vla_rl.presets import parse_overrides
+    from vla_rl.train.demo import DemoConfig, demo_train_config
 
     ppo = demo_train_config(DemoConfig(), tmp_path / "sft", out=tmp_path / "rl").ppo
     assert (ppo.critic_warmup_iters, ppo.actor_lr_warmup_iters, ppo.target_kl) == (0, 0, None)
@@ -40,7 +41,7 @@ def test_demo_rl_stage_stabilisers_reach_the_rl_config(tmp_path):
 
 
 def test_demo_states_what_to_expect_only_for_the_measured_settings():
-    from vla_rl.demo import MEASURED_LIFT, DemoConfig, demo_expectation
+    from vla_rl.train.demo import MEASURED_LIFT, DemoConfig, demo_expectation
 
     lo, med, hi, n = MEASURED_LIFT
     assert lo <= med <= hi and n >= 1

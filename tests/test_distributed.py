@@ -8,13 +8,15 @@ import threading
 import pytest
 import torch
 
-from vla_rl.config import ConfigError, from_dict, policy_preset
-from vla_rl.distributed.config import RayConfig
+from vla_rl.core.ranges import ConfigError
+from vla_rl.core.schema import from_dict
 from vla_rl.distributed.gradsync import pack_gradients, sum_over_learners, unpack_gradients
+from vla_rl.distributed.ray_config import RayConfig
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
 from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
+from vla_rl.presets import policy_preset
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.rollout import collect_rollout
 from vla_rl.train.trainer import TrainConfig, resumed_config

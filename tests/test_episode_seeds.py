@@ -1,6 +1,6 @@
 """Evaluation episodes are named by their seeds: an episode seed fixes the initial state and the sampler noise,
 whatever num_envs, the worker count or the episode's place in its batch (counter-based draws,
-policies/keyed_random.py). The ManiSkill3 and LIBERO versions are in test_maniskill.py / test_libero_eval.py."""
+vla_rl/core/keyed_random.py). The ManiSkill3 and LIBERO versions are in test_maniskill.py / test_libero_eval.py."""
 
 import functools
 import json
@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from vla_rl.cli import main as cli_main
+from vla_rl.core.keyed_random import keyed_bits, keyed_normal, keyed_uniform, triple32
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv, ColorReachSingleEnv
 from vla_rl.envs.workers import WorkerVectorEnv
 from vla_rl.eval.evaluate import evaluate_episodes
 from vla_rl.policies import flow
 from vla_rl.policies.actor import SamplerConfig
-from vla_rl.policies.keyed_random import keyed_bits, keyed_normal, keyed_uniform, triple32
 
 SHORT = {"max_episode_steps": 16}
 

@@ -17,14 +17,15 @@ import yaml
 from exported_fixture import observation, policy_folder
 from helpers import disk_full_at
 
-from vla_rl.checkpoint.folders import CheckpointError
 from vla_rl.cli import main
-from vla_rl.config import ConfigError, policy_preset
+from vla_rl.core.errors import CheckpointError
+from vla_rl.core.outputs import OutputIsInputError
+from vla_rl.core.ranges import ConfigError
 from vla_rl.interop.export import export_nbytes, export_policy, resolve_source
-from vla_rl.outputs import OutputIsInputError
 from vla_rl.policies import ExportError, ObservationError, load_exported
 from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.normalize import NormStats, Stats, actions_from_model, actions_to_model, state_to_model
+from vla_rl.presets import policy_preset
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -133,12 +134,13 @@ def test_pi0_size_bf16_export_is_half_the_bytes(preset):
 
 
 def test_loads_with_the_policy_package_alone(exports, tmp_path):
-    """A fresh interpreter that cannot import any of vla_rl but vla_rl.policies loads the export and acts."""
+    """A fresh interpreter that cannot import any of vla_rl but vla_rl.policies and the ground floor (vla_rl.core:
+    the config schema it reads its spec with) loads the export and acts."""
     script = textwrap.dedent(f"""
         import importlib.abc, sys
         class Block(importlib.abc.MetaPathFinder):
             def find_spec(self, name, path=None, target=None):
-                if name.startswith("vla_rl.") and not name.startswith("vla_rl.policies"):
+                if name.startswith("vla_rl.") and not name.startswith(("vla_rl.policies", "vla_rl.core")):
                     raise ImportError("blocked: " + name)
                 return None
         sys.meta_path.insert(0, Block())
@@ -153,7 +155,8 @@ def test_loads_with_the_policy_package_alone(exports, tmp_path):
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("(8, 2)"), out.stdout
-    assert all(m == "vla_rl" or m.startswith("vla_rl.policies") for m in eval(out.stdout.split(" ", 2)[2])), out.stdout
+    loaded = eval(out.stdout.split(" ", 2)[2])
+    assert all(m == "vla_rl" or m.startswith(("vla_rl.policies", "vla_rl.core")) for m in loaded), out.stdout
 
 
 def test_observation_conventions_agree(exports):
@@ -389,8 +392,8 @@ def test_cli_export(source, tmp_path, capsys):
 def test_export_of_the_demo_policy_describes_its_robot_and_sampler(tmp_path):
     """`vla-rl demo` saves its SFT policy with the demo's settings: the export knows the built-in task (control
     mode, camera, bounds, names) and the demo's K and execute, and spec.json holds no absolute path."""
-    from vla_rl.config import to_dict
-    from vla_rl.demo import DemoConfig
+    from vla_rl.core.schema import to_dict
+    from vla_rl.train.demo import DemoConfig
 
     demo = DemoConfig(sampler=SamplerConfig(num_steps=4), execute=6)
     meta = {"env": {"name": "builtin/color_reach", "state_dim": 4, "action_dim": 2}, "demo": to_dict(demo)}

@@ -28,10 +28,12 @@ import torch
 from helpers import needs_simulator, sft_policy
 
 import vla_rl
-from vla_rl.checkpoint.folders import CheckpointError, NonFiniteError, read_tensors
+from vla_rl.checkpoint.folders import NonFiniteError, read_tensors
 from vla_rl.cli import main as cli_main
-from vla_rl.config import ConfigError, describe_range, from_dict
-from vla_rl.outputs import OutputExistsError
+from vla_rl.core.errors import CheckpointError
+from vla_rl.core.outputs import OutputExistsError
+from vla_rl.core.ranges import ConfigError, describe_range
+from vla_rl.core.schema import from_dict
 
 # ----------------------------------------------------------------------------------------------------
 # 1. Every numeric field of every config declares its range, and a value outside it is refused at build
@@ -44,8 +46,9 @@ def module_names() -> list[str]:
     ``vla_rl.__path__``: in a checkout that path holds the repository root too, which would recurse.)"""
     own = [vla_rl.__path__[0]]
     names = [f"vla_rl.{m.name}" for m in pkgutil.iter_modules(own)] + ["vla_rl.envs", "vla_rl.policies"]
-    for pkg in [n for n in names if importlib.import_module(n).__spec__.submodule_search_locations]:
-        names += [f"{pkg}.{m.name}" for m in pkgutil.iter_modules(importlib.import_module(pkg).__path__)]
+    for pkg in names:   # grows while it is walked: packages inside packages (envs.libero) too
+        if importlib.import_module(pkg).__spec__.submodule_search_locations:
+            names += [f"{pkg}.{m.name}" for m in pkgutil.iter_modules(importlib.import_module(pkg).__path__)]
     return sorted(n for n in names if n not in SKIP_MODULES)
 
 
@@ -180,7 +183,7 @@ def overrides(init, out, iterations=2, **more) -> list[str]:
 
 
 def train_config(init, out, iterations=2, **more):
-    from vla_rl.config import merge, parse_overrides
+    from vla_rl.presets import merge, parse_overrides
     from vla_rl.train.trainer import TrainConfig
 
     return from_dict(TrainConfig, merge({**parse_overrides(overrides(init, out, iterations)), "progress": False},
@@ -365,7 +368,7 @@ def test_malformed_yaml_file_and_override_are_one_line_config_errors(tmp_path, c
 
 
 def test_debug_flag_and_env_variable_show_the_traceback(tmp_path, monkeypatch, capsys):
-    from vla_rl.config import ConfigError
+    from vla_rl.core.ranges import ConfigError
 
     with pytest.raises(ConfigError, match="ppo.clip"):
         cli_main(["train", "builtin_flow_noise", "ppo.clip=-1", "--debug"])
@@ -412,8 +415,8 @@ def test_a_missing_simulator_is_an_env_error_without_the_resume_hint():
 
     from vla_rl.cli import advice, error_kind
     from vla_rl.envs.base import SimulatorUnavailable
-    from vla_rl.envs.libero import LiberoNotInstalled
-    from vla_rl.envs.libero_warp import LiberoWarpNotInstalled
+    from vla_rl.envs.libero.robosuite_env import LiberoNotInstalled
+    from vla_rl.envs.libero.warp_env import LiberoWarpNotInstalled
     from vla_rl.envs.maniskill import ManiSkillUnavailable
     from vla_rl.envs.worker_pool import WorkerError
 

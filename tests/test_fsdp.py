@@ -27,7 +27,7 @@ CASES = {"full": dict(update_epochs=1, minibatches=3, grad_accum=2, lr_actor=1e-
 
 
 def setup(case: str):
-    from vla_rl.config import from_dict
+    from vla_rl.core.schema import from_dict
 
     model = perturbed_model("tiny", SMALL)
     norm = NormStats(Stats.identity(4), Stats.identity(2))
@@ -119,7 +119,8 @@ def test_two_sharded_learners_take_the_step_of_one_learner(sharded, case):
 
 
 def test_sharding_config_is_checked():
-    from vla_rl.config import ConfigError, from_dict
+    from vla_rl.core.ranges import ConfigError
+    from vla_rl.core.schema import from_dict
     from vla_rl.train.trainer import TrainConfig
 
     with pytest.raises(ConfigError, match="sharding: fsdp splits the learners' tensors among several learners"):

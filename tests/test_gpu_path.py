@@ -11,7 +11,8 @@ import pytest
 import torch
 from helpers import make_obs, perturbed_model
 
-from vla_rl.config import ConfigError, from_dict, policy_preset
+from vla_rl.core.ranges import ConfigError
+from vla_rl.core.schema import from_dict
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
 from vla_rl.eval.bench import BenchConfig
 from vla_rl.eval.evaluate import EvalConfig
@@ -22,6 +23,7 @@ from vla_rl.policies.layers import RMSNorm
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.policies.recompute import activation_checkpointing
+from vla_rl.presets import policy_preset
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.rollout import collect_rollout
 

@@ -5,12 +5,12 @@ import json
 import pytest
 import torch
 
-from vla_rl.checkpoint.folders import CheckpointError
 from vla_rl.checkpoint.policy import load_policy, save_policy
-from vla_rl.config import policy_preset
+from vla_rl.core.errors import CheckpointError
 from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats, parse_dims
+from vla_rl.presets import policy_preset
 
 
 def test_parse_dims_known_answers_and_errors():

@@ -15,19 +15,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = {"vla_rl": ROOT / "vla_rl", "vla_rl.envs": ROOT / "envs", "vla_rl.policies": ROOT / "policies"}
 # Top to bottom. A room is a package folder or a top-level module.
-# envs/ may use these leaf modules of policies/ (they import nothing of the project): the config schema and ranges,
-# and the keyed random numbers that give an env's initial state and the sampler's noise from one episode seed
-ENVS_MAY_USE = ("vla_rl.policies.ranges", "vla_rl.policies.schema", "vla_rl.policies.keyed_random")
 FLOORS = (
     ("vla_rl.cli",),                                                   # parses the command line, calls a job
-    ("vla_rl.demo",),                                                  # SFT, then an RL run, on the built-in task
-    ("vla_rl.train", "vla_rl.sft"),                                    # the jobs: an RL run, imitation
+    ("vla_rl.train",),                                                 # the jobs: an RL run, SFT, the demo
     ("vla_rl.eval", "vla_rl.interop", "vla_rl.distributed"),           # evaluation; export / serve; Ray
     ("vla_rl.rl", "vla_rl.data"),                                      # the RL algorithm; datasets and demos
-    ("vla_rl.checkpoint", "vla_rl.env_factory", "vla_rl.outputs", "vla_rl.progress", "vla_rl.threads"),
-    ("vla_rl.config",),                                                # presets, overrides, devices
-    ("vla_rl.envs",),                                                  # the env interface and its adapters
-    ("vla_rl.policies",),                                              # the policy, its math, the config schema
+    ("vla_rl.checkpoint",),                                            # folders on disk, imported formats
+    ("vla_rl.presets",),                                               # presets, overrides, devices
+    ("vla_rl.envs", "vla_rl.policies"),                                # envs and their adapters; the policy
+    ("vla_rl.core",),                                                  # schema, errors, outputs, progress, threads
 )
 
 
@@ -60,6 +56,23 @@ def imported_modules(name: str, path: Path, known: set[str], tree: ast.AST | Non
             subs = {f"{module}.{a.name}" for a in node.names} & known
             found |= subs or {module}
     return (found & known) - {name, "vla_rl"}
+
+
+def dangling_imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The project modules ``name`` imports that do not exist (a stale path after a move): the graph would drop
+    them silently."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    bad = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            module = ".".join(package[: len(package) - (node.level - 1)] + ([node.module] if node.module else [])) \
+                if node.level else node.module
+            if module.startswith("vla_rl.") and module not in known \
+                    and not any(f"{module}.{a.name}" in known for a in node.names):
+                bad.add(module)
+        elif isinstance(node, ast.Import):
+            bad |= {a.name for a in node.names if a.name.startswith("vla_rl.") and a.name not in known}
+    return bad
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -107,6 +120,13 @@ def test_find_cycle_reports_a_circle():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
+def test_every_import_of_the_project_names_a_module_that_exists():
+    files = module_files()
+    known = set(files)
+    bad = {name: sorted(d) for name, path in files.items() if (d := dangling_imports(name, path, known))}
+    assert not bad, f"imports of project modules that do not exist: {bad}"
+
+
 def test_no_module_imports_in_a_circle():
     assert find_cycle(import_graph()) is None
 
@@ -139,7 +159,7 @@ def test_no_room_imports_another_in_a_circle():
 
 
 def test_imports_go_down_the_floors():
-    """Every import between rooms goes to a lower floor; envs/ may use only the schema of policies/."""
+    """Every import between rooms goes to a lower floor (envs/ and policies/ share one: neither imports the other)."""
     problems = []
     for module, deps in sorted(import_graph().items()):
         src = room_of(module)
@@ -151,8 +171,6 @@ def test_imports_go_down_the_floors():
                 continue
             if floor_of(dst) <= floor_of(src):
                 problems.append(f"{module} imports {d} ({dst} is not on a floor below {src})")
-            elif src == "vla_rl.envs" and not in_room(d, ENVS_MAY_USE):
-                problems.append(f"{module} imports {d} (envs/ uses only {', '.join(ENVS_MAY_USE)} of policies/)")
     assert not problems, "imports that do not go down:\n" + "\n".join(problems)
 
 
@@ -194,3 +212,18 @@ def test_every_package_folder_is_installed():
     found = {".".join([package, *init.parent.relative_to(folder).parts])
              for package, folder in SOURCES.items() for init in folder.rglob("__init__.py")}
     assert found - listed == set(), "package folders missing from pyproject.toml [tool.setuptools] packages"
+
+
+def test_no_env_kind_is_named_outside_envs():
+    """Code outside envs/ asks the env registry about a kind (its constants and :class:`EnvKind` entries), so a new
+    simulator is added in envs/ alone: no string constant equal to a kind's name stands elsewhere."""
+    from vla_rl.envs.registry import KINDS
+
+    found = []
+    for name, path in module_files().items():
+        if name.startswith("vla_rl.envs"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in KINDS:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}")
+    assert not found, "env kinds named outside envs/:\n" + "\n".join(found)

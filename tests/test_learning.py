@@ -26,14 +26,14 @@ import pytest
 import torch
 
 from vla_rl.checkpoint.policy import load_policy, save_policy
-from vla_rl.config import policy_preset
 from vla_rl.data.collect import collect_builtin_demos
 from vla_rl.envs.builtin import ColorReachEnv
 from vla_rl.eval.evaluate import evaluate
 from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.sft import SFTConfig, train_sft
+from vla_rl.presets import policy_preset
+from vla_rl.train.sft import SFTConfig, train_sft
 
 EVAL_EPISODES = 400
 EVAL_SEED = 20_000

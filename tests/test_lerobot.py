@@ -216,7 +216,8 @@ def test_cli_collect_then_sft(tmp_path, capsys):
 def test_collector_settings_are_the_kinds_own():
     """info.json's ``collect`` entry holds what the chosen collector reads (fps and max_tries resolved); a
     setting of the other collector is refused rather than silently ignored."""
-    from vla_rl.config import ConfigError, from_dict
+    from vla_rl.core.ranges import ConfigError
+    from vla_rl.core.schema import from_dict
     from vla_rl.data.collect import CollectConfig, collector_settings
 
     ms = collector_settings("maniskill", CollectConfig(task="PickCube-v1", episodes=4))

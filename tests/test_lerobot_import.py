@@ -13,10 +13,10 @@ from safetensors.torch import load_file, save_file
 
 from vla_rl.checkpoint.lerobot_pi import LeRobotImportError, is_lerobot_folder, load_lerobot, read_norm_stats
 from vla_rl.cli import main as cli_main
-from vla_rl.config import policy_preset
 from vla_rl.policies import flow
 from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy, count_parameters
+from vla_rl.presets import policy_preset
 
 ROOT = Path(__file__).parent / "fixtures" / "lerobot_pi_tiny"
 GENERATIONS = ["lerobot-0.4.4", "lerobot-0.5.1", "lerobot-0.6.1"]   # tied embedding; untied (+ relative actions)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from helpers import SKIP_SIMULATORS as SKIP
 
-from vla_rl.envs.libero import (
+from vla_rl.envs.libero.robosuite_env import (
     SUITE_MAX_STEPS,
     LiberoConfig,
     LiberoNotInstalled,

@@ -13,15 +13,17 @@ import pytest
 import torch
 from helpers import SKIP_SIMULATORS as SKIP
 
-from vla_rl.checkpoint.folders import CheckpointError
 from vla_rl.checkpoint.policy import save_policy
 from vla_rl.cli import main
-from vla_rl.config import ConfigError, from_dict, policy_preset
+from vla_rl.core.errors import CheckpointError
+from vla_rl.core.ranges import ConfigError
+from vla_rl.core.schema import from_dict
 from vla_rl.data.lerobot import detect_keys, read_lerobot_dataset, read_lerobot_info
+from vla_rl.envs.libero.settings import libero_env_config
 from vla_rl.eval.bench import BenchConfig
-from vla_rl.eval.libero import libero_env_config
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
+from vla_rl.presets import policy_preset
 
 needs_libero = pytest.mark.skipif(SKIP, reason="VLA_RL_SKIP_SIMULATORS=1")
 SMALL = {"depth": 1, "vision": {"depth": 1, "image_size": 32}, "prefix": {"width": 32, "mlp_dim": 64},
@@ -130,7 +132,7 @@ def test_recorded_dataset_has_the_libero_layout_and_round_trips(recorded):
 
 @pytest.fixture(scope="module")
 def sft_policy(recorded, tmp_path_factory):
-    from vla_rl.sft import SFTRunConfig, run_sft
+    from vla_rl.train.sft import SFTRunConfig, run_sft
 
     _, path = recorded
     out = tmp_path_factory.mktemp("sft") / "policy"

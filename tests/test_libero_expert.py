@@ -1,4 +1,4 @@
-"""The LIBERO scripted expert (envs/libero_expert.py), its shaped reward (envs/libero_reward.py) and the adapter's
+"""The LIBERO scripted expert (envs/libero/expert.py), its shaped reward (envs/libero/reward.py) and the adapter's
 expert-facing settings (objects in the state, sampled placements).
 
 The pure parts are tested on hand-made scenes against known answers. The simulator tests need LIBERO like
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from helpers import SKIP_SIMULATORS as SKIP
 
-from vla_rl.envs.libero_expert import (
+from vla_rl.envs.libero.expert import (
     Body,
     LiberoExpert,
     PickPlace,
@@ -30,7 +30,7 @@ from vla_rl.envs.libero_expert import (
     rot_z,
     rotation_log,
 )
-from vla_rl.envs.libero_reward import box_distance, held, progress
+from vla_rl.envs.libero.reward import box_distance, held, progress
 
 needs_libero = pytest.mark.skipif(SKIP, reason="VLA_RL_SKIP_SIMULATORS=1")
 
@@ -153,7 +153,7 @@ def test_expert_gives_up_after_its_retries():
 # ---------------------------------------------------------------------------------------------- simulator
 def run_expert(suite, task_id, init_id, jitter=0.0):
     from vla_rl.data.libero_demos import run_expert_episode
-    from vla_rl.envs.libero import LiberoConfig, LiberoSingleEnv
+    from vla_rl.envs.libero.robosuite_env import LiberoConfig, LiberoSingleEnv
 
     env = LiberoSingleEnv(LiberoConfig(suite=suite, task_ids=[task_id], cameras=(), max_cached_envs=1))
     try:
@@ -175,11 +175,11 @@ def test_expert_solves_a_task_from_an_official_init_state(suite):
 
 @needs_libero
 def test_split_substeps_play_an_expert_episode_bit_for_bit():
-    # env.libero.fast_substeps (envs/mujoco_substeps.py) against robosuite's own substep loop: a sampled placement
+    # env.libero.fast_substeps (envs/libero/substeps.py) against robosuite's own substep loop: a sampled placement
     # (its settling steps), then a whole expert episode with grasp contacts; every state, action and the final
     # MuJoCo state agree exactly.
     from vla_rl.data.libero_demos import run_expert_episode
-    from vla_rl.envs.libero import LiberoConfig, LiberoSingleEnv
+    from vla_rl.envs.libero.robosuite_env import LiberoConfig, LiberoSingleEnv
 
     def episode(fast):
         env = LiberoSingleEnv(LiberoConfig(suite="libero_spatial", task_ids=[0], cameras=(), max_cached_envs=1,
@@ -213,7 +213,7 @@ def test_expert_solves_every_task_of_object_and_spatial(suite, task_id):
 
 @needs_libero
 def test_objects_in_the_state_and_sampled_placements():
-    from vla_rl.envs.libero import LiberoConfig, LiberoSingleEnv
+    from vla_rl.envs.libero.robosuite_env import LiberoConfig, LiberoSingleEnv
 
     cfg = LiberoConfig(suite="libero_object", task_ids=[0], cameras=(), state_mode="robot+objects",
                        init_states="sampled", reward="shaped", max_cached_envs=1, max_episode_steps=2)

@@ -16,10 +16,10 @@ import pytest
 import torch
 from helpers import SKIP_SIMULATORS as SKIP
 
-from vla_rl.envs import osc
-from vla_rl.envs.bddl_predicates import Atom, GoalEvaluator, GoalSpec, contact_hits
-from vla_rl.envs.libero import quat_to_axis_angle
-from vla_rl.envs.libero_warp import LiberoWarpConfig, LiberoWarpNotInstalled, import_warp, quat_wxyz_to_axis_angle
+from vla_rl.envs.libero import osc
+from vla_rl.envs.libero.predicates import Atom, GoalEvaluator, GoalSpec, contact_hits
+from vla_rl.envs.libero.robosuite_env import quat_to_axis_angle
+from vla_rl.envs.libero.warp_env import LiberoWarpConfig, LiberoWarpNotInstalled, import_warp, quat_wxyz_to_axis_angle
 
 needs_sim = pytest.mark.skipif(SKIP, reason="VLA_RL_SKIP_SIMULATORS=1")
 GAINS = osc.OSCGains(kp=(150.0,) * 6, kd=(2 * math.sqrt(150.0),) * 6, input_min=(-1.0,) * 6, input_max=(1.0,) * 6,
@@ -165,8 +165,8 @@ def test_cli_without_mujoco_warp_is_an_env_error_naming_the_extra(monkeypatch, t
 @pytest.fixture(scope="module")
 def libero():
     """libero_spatial task 0: the CPU adapter (robosuite, no cameras) and the task's scene with starts 0 and 1."""
-    from vla_rl.envs.libero import LiberoConfig, LiberoSingleEnv
-    from vla_rl.envs.libero_scene import load_task_scene
+    from vla_rl.envs.libero.robosuite_env import LiberoConfig, LiberoSingleEnv
+    from vla_rl.envs.libero.scene import load_task_scene
 
     single = LiberoSingleEnv(LiberoConfig(suite="libero_spatial", task_ids=[0], cameras=(), max_cached_envs=1))
     scene = load_task_scene("libero_spatial", 0, [0, 1], single=single)
@@ -177,7 +177,7 @@ def libero():
 @pytest.fixture(scope="module")
 def controller_records(libero):
     """robosuite's controller at every physics substep of 4 actions (the third without rotation)."""
-    from vla_rl.eval.warp_fidelity import random_actions, record_controller
+    from vla_rl.envs.libero.fidelity import random_actions, record_controller
 
     single, _ = libero
     single.reset_to(0, 0)
@@ -229,8 +229,8 @@ def test_osc_equals_robosuite_on_mujoco_state(libero, controller_records):
 @needs_sim
 def test_osc_torques_through_warp_match_robosuite(libero, controller_records):
     """End to end on the Warp side: its float32 kinematics, inertia and bias forces feed the batched OSC."""
-    from vla_rl.envs.libero_warp import TaskWorlds
-    from vla_rl.eval.warp_fidelity import warp_torques
+    from vla_rl.envs.libero.fidelity import warp_torques
+    from vla_rl.envs.libero.warp_env import TaskWorlds
 
     _, scene = libero
     records = controller_records[::13]   # 8 substeps, first substeps of actions and within them
@@ -242,7 +242,7 @@ def test_osc_torques_through_warp_match_robosuite(libero, controller_records):
 @needs_sim
 def test_predicates_equal_libero_on_goal_states(libero):
     """The batched predicates fed MuJoCo's state equal LIBERO's, on states where the goal holds and where not."""
-    from vla_rl.eval.warp_fidelity import goal_states, libero_atoms
+    from vla_rl.envs.libero.fidelity import goal_states, libero_atoms
 
     single, scene = libero
     states = goal_states(single, 0, 0, settle_steps=6)
@@ -257,9 +257,9 @@ def test_predicates_equal_libero_on_goal_states(libero):
 def test_predicates_equal_libero_on_every_task(suite):
     """Every task of the four suites πRL averages: the batched predicates equal LIBERO's on generated goal states
     (fed MuJoCo's state), and every goal is one the batched predicates implement (none is refused)."""
-    from vla_rl.envs.bddl_predicates import goal_spec
-    from vla_rl.envs.libero import SUITE_NUM_TASKS, LiberoConfig, LiberoSingleEnv
-    from vla_rl.eval.warp_fidelity import goal_states, libero_atoms
+    from vla_rl.envs.libero.fidelity import goal_states, libero_atoms
+    from vla_rl.envs.libero.predicates import goal_spec
+    from vla_rl.envs.libero.robosuite_env import SUITE_NUM_TASKS, LiberoConfig, LiberoSingleEnv
 
     tasks = list(range(SUITE_NUM_TASKS[suite]))
     single = LiberoSingleEnv(LiberoConfig(suite=suite, task_ids=tasks, cameras=(), max_cached_envs=1))
@@ -280,8 +280,8 @@ def test_predicates_equal_libero_on_every_task(suite):
 @needs_sim
 def test_trajectory_first_steps_match_robosuite(libero):
     """The same two actions from the same episode start: the hand and the objects end where robosuite's do."""
-    from vla_rl.envs.libero_warp import TaskWorlds
-    from vla_rl.eval.warp_fidelity import object_bodies, random_actions, rollout_cpu, rollout_warp
+    from vla_rl.envs.libero.fidelity import object_bodies, random_actions, rollout_cpu, rollout_warp
+    from vla_rl.envs.libero.warp_env import TaskWorlds
 
     single, scene = libero
     actions, bodies = random_actions(2, seed=0), object_bodies(scene)
@@ -301,8 +301,8 @@ def test_contacts_at_a_grasp_match_mujoco(libero):
     finger pad and bowl box at its depths (box-box pairs by the primitive collider, as MuJoCo does; Warp's convex
     collider found 1, and the grasped bowl pivoted), and no contact between the cabinet's frame and its drawers
     (MuJoCo Warp never moves a geom welded to the world: each episode start puts the frame's pose in)."""
-    from vla_rl.envs.libero_warp import TaskWorlds
-    from vla_rl.eval.warp_fidelity import contacts_cpu, contacts_warp, expert_actions_cpu
+    from vla_rl.envs.libero.fidelity import contacts_cpu, contacts_warp, expert_actions_cpu
+    from vla_rl.envs.libero.warp_env import TaskWorlds
 
     single, scene = libero
     actions = expert_actions_cpu(single, 0, 1, 40)
@@ -330,8 +330,8 @@ def test_contacts_at_a_grasp_match_mujoco(libero):
 def test_images_framed_and_oriented_like_the_cpu_adapter(libero):
     """Same cameras, framing and orientation as the CPU adapter's ``upright`` images (another renderer: the
     lighting differs, so the comparison is against the same image flipped, not an absolute PSNR)."""
-    from vla_rl.envs.libero_warp import CAMERAS, TaskWorlds
-    from vla_rl.eval.warp_fidelity import psnr
+    from vla_rl.envs.libero.fidelity import psnr
+    from vla_rl.envs.libero.warp_env import CAMERAS, TaskWorlds
 
     single, scene = libero
     single.reset_to(0, 0)
@@ -359,7 +359,7 @@ def test_env_contract(libero):
 
     from contract import check_env_contract
 
-    from vla_rl.envs.libero_warp import LiberoWarpEnv
+    from vla_rl.envs.libero.warp_env import LiberoWarpEnv
 
     _, scene = libero
     cfg = LiberoWarpConfig(task_ids=[0], init_state_ids=[0, 1], cameras=(), max_episode_steps=2)
@@ -375,8 +375,8 @@ def test_env_contract_two_tasks_full_scenes_with_cameras(libero):
     """Two tasks mixed (a block of worlds each, the instruction per world), the real scenes, both cameras."""
     from contract import check_env_contract
 
-    from vla_rl.envs.libero_scene import load_task_scene
-    from vla_rl.envs.libero_warp import LiberoWarpEnv
+    from vla_rl.envs.libero.scene import load_task_scene
+    from vla_rl.envs.libero.warp_env import LiberoWarpEnv
 
     single, scene = libero
     other = load_task_scene("libero_spatial", 1, [0, 1])
@@ -396,9 +396,9 @@ def test_env_contract_two_tasks_full_scenes_with_cameras(libero):
 # ---------------------------------------------------------------------------------------------- factory, bench
 def _tiny_libero_checkpoint(path, image_size=32):
     from vla_rl.checkpoint.policy import save_policy
-    from vla_rl.config import policy_preset
     from vla_rl.policies.model import FlowPolicy
     from vla_rl.policies.normalize import NormStats, Stats
+    from vla_rl.presets import policy_preset
 
     small = {"depth": 1, "vision": {"depth": 1, "image_size": image_size}, "prefix": {"width": 32, "mlp_dim": 64},
              "expert": {"width": 32, "mlp_dim": 64}, "num_cameras": 2, "action_dim": 7}
@@ -408,9 +408,11 @@ def _tiny_libero_checkpoint(path, image_size=32):
 
 
 def test_env_config_and_bench_plan_name_the_warp_backend(tmp_path):
-    from vla_rl.config import ConfigError, from_dict, policy_preset
-    from vla_rl.env_factory import EnvConfig, single_env_factory
+    from vla_rl.core.ranges import ConfigError
+    from vla_rl.core.schema import from_dict
+    from vla_rl.envs.registry import EnvConfig, single_env_factory
     from vla_rl.eval.bench import BenchConfig, bench_markdown, plan_tasks
+    from vla_rl.presets import policy_preset
 
     cfg = from_dict(EnvConfig, {"kind": "libero_warp", "libero_warp": {"task_ids": [0, 1], "cameras": ["agentview"]}})
     assert cfg.task.cameras == ("agentview",) and cfg.task.task_ids == [0, 1]
@@ -496,7 +498,7 @@ def test_on_cuda_the_env_passes_the_contract_and_stays_on_the_device(libero):
 
     from contract import check_env_contract
 
-    from vla_rl.envs.libero_warp import LiberoWarpEnv
+    from vla_rl.envs.libero.warp_env import LiberoWarpEnv
 
     _, scene = libero
     cfg = LiberoWarpConfig(task_ids=[0], init_state_ids=[0, 1], cameras=("agentview", "wrist"), image_size=32,
@@ -512,8 +514,8 @@ def test_on_cuda_the_env_passes_the_contract_and_stays_on_the_device(libero):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_cuda_a_trajectory_matches_the_cpu_backend(libero):
-    from vla_rl.envs.libero_warp import TaskWorlds
-    from vla_rl.eval.warp_fidelity import object_bodies, random_actions, rollout_warp
+    from vla_rl.envs.libero.fidelity import object_bodies, random_actions, rollout_warp
+    from vla_rl.envs.libero.warp_env import TaskWorlds
 
     _, scene = libero
     actions, bodies = random_actions(2, seed=0), object_bodies(scene)

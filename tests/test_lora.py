@@ -10,7 +10,8 @@ import torch
 from helpers import make_obs, perturbed_model, train_config
 
 from vla_rl.checkpoint.policy import load_policy
-from vla_rl.config import ConfigError, from_dict
+from vla_rl.core.ranges import ConfigError
+from vla_rl.core.schema import from_dict
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
 from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.lora import LoRAConfig, LoRALinear, apply_lora, lora_layers, merge_lora

@@ -471,9 +471,9 @@ def test_eval_gives_the_same_episodes_with_10_or_40_envs(tmp_path):
 
     from vla_rl.checkpoint import save_policy
     from vla_rl.cli import main
-    from vla_rl.config import policy_preset
     from vla_rl.policies.model import FlowPolicy
     from vla_rl.policies.normalize import NormStats, Stats
+    from vla_rl.presets import policy_preset
 
     probe = ManiSkillSingleEnv(ManiSkillConfig(task="PushCube-v1"))
     state_dim, action_dim = probe.spec.state_dim, probe.spec.action_dim

@@ -13,13 +13,15 @@ from helpers import perturbed_model
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from vla_rl.cli import main as cli_main
-from vla_rl.config import ConfigError, from_dict, policy_preset
+from vla_rl.core.ranges import ConfigError
+from vla_rl.core.schema import from_dict
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
 from vla_rl.policies import flow
 from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.policies.recompute import activation_checkpointing
+from vla_rl.presets import policy_preset
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.losses import aggregate_log_prob
 from vla_rl.rl.optim import state_nbytes
@@ -191,7 +193,8 @@ def test_a_config_that_cannot_fit_is_refused_with_settings_that_would_fit(narrow
 
 
 def _nest(flat: dict, cfg: TrainConfig) -> dict:
-    from vla_rl.config import merge, parse_overrides, to_dict
+    from vla_rl.core.schema import to_dict
+    from vla_rl.presets import merge, parse_overrides
 
     return merge(to_dict(cfg), parse_overrides([f"{k}={v}" for k, v in flat.items()]))
 

@@ -4,9 +4,10 @@ import pytest
 import torch
 from helpers import make_obs, perturbed_model
 
-from vla_rl.config import ConfigError, policy_preset
+from vla_rl.core.ranges import ConfigError
 from vla_rl.policies import flow
 from vla_rl.policies.model import FlowPolicy, count_parameters
+from vla_rl.presets import policy_preset
 
 PRESETS = ["tiny", "tiny_pi05"]
 

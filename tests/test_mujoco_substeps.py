@@ -1,4 +1,4 @@
-"""envs/mujoco_substeps.py: robosuite's substep pattern (forward, a controller reading the state and forwarding
+"""envs/libero/substeps.py: robosuite's substep pattern (forward, a controller reading the state and forwarding
 again, ctrl written, step) inside SplitSubsteps gives the plain loop's trajectory bit for bit, with one forward
 pass a substep. A small MuJoCo model with contacts stands in for robosuite's sim; the LIBERO end-to-end check
 (whole expert episodes both ways) is in tests/test_libero_expert.py."""
@@ -11,7 +11,7 @@ import pytest
 
 mujoco = pytest.importorskip("mujoco")
 
-from vla_rl.envs.mujoco_substeps import SplitSubsteps  # noqa: E402
+from vla_rl.envs.libero.substeps import SplitSubsteps  # noqa: E402
 
 ARM = """
 <mujoco>

@@ -1,4 +1,4 @@
-"""Where commands write (vla_rl.outputs): one policy for every command that writes a folder or a file.
+"""Where commands write (vla_rl.core.outputs): one policy for every command that writes a folder or a file.
 
 An occupied output needs --overwrite; another kind of data (a training run, a dataset, a LeRobot checkpoint, a
 policy folder of another kind) is refused even with it, named; an output that is, contains or lies inside one of
@@ -16,7 +16,7 @@ import pytest
 from exported_fixture import policy_folder
 
 from vla_rl.cli import main as cli_main
-from vla_rl.outputs import (
+from vla_rl.core.outputs import (
     BENCH,
     CHECKPOINT,
     DATASET,
@@ -97,9 +97,9 @@ def test_folder_kind_names_each_kind_of_data(tmp_path):
 
 
 def test_the_kinds_read_the_formats_their_writers_write():
+    from vla_rl.core.outputs import BENCH_TASK_FORMAT, EVAL_FILE_FORMAT
     from vla_rl.eval.bench import RESULT_FORMAT
     from vla_rl.eval.evaluate import EPISODE_FILE_FORMAT
-    from vla_rl.outputs import BENCH_TASK_FORMAT, EVAL_FILE_FORMAT
 
     assert (EVAL_FILE_FORMAT, BENCH_TASK_FORMAT) == (EPISODE_FILE_FORMAT, RESULT_FORMAT)
 

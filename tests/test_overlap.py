@@ -9,14 +9,16 @@ import torch
 from helpers import step_groups_like_one_batch
 from inline_pool import InProcessPool
 
-from vla_rl.config import ConfigError, from_dict, policy_preset
-from vla_rl.env_factory import single_env_factory
+from vla_rl.core.ranges import ConfigError
+from vla_rl.core.schema import from_dict
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachSingleEnv
+from vla_rl.envs.registry import single_env_factory
 from vla_rl.envs.workers import WorkerVectorEnv
 from vla_rl.policies import flow
 from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
+from vla_rl.presets import policy_preset
 from vla_rl.rl.rollout import collect_rollout
 from vla_rl.train.trainer import TrainConfig, Trainer, resume_trainer
 
@@ -151,7 +153,7 @@ def _config(init, out, **over) -> TrainConfig:
 def sft(tmp_path_factory):
     from vla_rl.checkpoint.policy import save_policy
     from vla_rl.data.collect import collect_builtin_demos
-    from vla_rl.sft import SFTConfig, train_sft
+    from vla_rl.train.sft import SFTConfig, train_sft
 
     torch.manual_seed(0)
     data = collect_builtin_demos(4, seed=0)

@@ -8,12 +8,12 @@ import torch
 
 from vla_rl.checkpoint.policy import save_policy
 from vla_rl.cli import main as cli_main
-from vla_rl.config import policy_preset
 from vla_rl.data.collect import collect_builtin_demos
 from vla_rl.eval.evaluate import evaluate_checkpoint
 from vla_rl.eval.paired import EpisodeFileError, compare, load_side, paired_difference, sign_test_p
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
+from vla_rl.presets import policy_preset
 
 SMALL = {"depth": 1, "vision": {"depth": 1}, "prefix": {"width": 32, "mlp_dim": 64},
          "expert": {"width": 32, "mlp_dim": 64}}
@@ -175,7 +175,7 @@ def test_env_identity_fills_the_adapters_defaults(tmp_path):
     ManiSkill env; the identity written into evaluation files must say so, or their episodes would not pair."""
     import yaml
 
-    from vla_rl.env_factory import env_identity
+    from vla_rl.envs.registry import env_identity
     from vla_rl.eval.evaluate import checkpoint_env_config
     from vla_rl.eval.paired import env_differences
 

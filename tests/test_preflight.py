@@ -2,9 +2,10 @@
 one the init policy's dataset recorded (docs/new_task.md, section 2)."""
 
 from vla_rl.checkpoint.policy import save_policy
-from vla_rl.config import from_dict, policy_preset
+from vla_rl.core.schema import from_dict
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
+from vla_rl.presets import policy_preset
 from vla_rl.train.preflight import image_warnings, recorded_limit, rollout_warnings
 from vla_rl.train.trainer import TrainConfig, Trainer
 

@@ -15,10 +15,10 @@ from helpers import disk_full_at
 from safetensors.torch import load_file
 
 from vla_rl.checkpoint import lerobot_pi as lr_import
-from vla_rl.checkpoint.folders import CheckpointError
 from vla_rl.checkpoint.lerobot_pi import LeRobotImportError, import_lerobot, load_lerobot
 from vla_rl.checkpoint.policy import load_any_policy, load_policy, save_policy
 from vla_rl.cli import main as cli_main
+from vla_rl.core.errors import CheckpointError
 from vla_rl.policies import flow, load_exported
 from vla_rl.policies.tokenizer import SentencePieceTokenizer, TokenizerError, discretize_state, pi05_prompt
 
@@ -279,7 +279,7 @@ def test_the_import_hint_names_an_override_that_works(sp_model, tmp_path, capsys
     err = capsys.readouterr().err
     hint = re.search(r"`vla-rl import lerobot SRC OUT (\S+)=N`", err)
     assert hint and "policy." not in hint.group(1), err
-    from vla_rl.config import parse_overrides
+    from vla_rl.presets import parse_overrides
 
     lr = json.loads((FIXTURES / "pi0" / "config.json").read_text())   # what `import` does with the override
     shapes = lr_import.LazyWeights(FIXTURES / "pi0" / "model.safetensors").shapes

@@ -6,8 +6,8 @@ import io
 import pytest
 import torch
 
-import vla_rl.progress as progress_module
-from vla_rl.progress import LineProgress, is_terminal, progress
+import vla_rl.core.progress as progress_module
+from vla_rl.core.progress import LineProgress, is_terminal, progress
 
 
 class Clock:
@@ -88,9 +88,9 @@ def every_update(monkeypatch):
 def test_eval_reports_episodes_as_they_end(tmp_path, capsys, every_update):
     from vla_rl.checkpoint.policy import save_policy
     from vla_rl.cli import main
-    from vla_rl.config import policy_preset
     from vla_rl.policies.model import FlowPolicy
     from vla_rl.policies.normalize import NormStats, Stats
+    from vla_rl.presets import policy_preset
 
     ckpt = save_policy(tmp_path / "policy", FlowPolicy(policy_preset("tiny", {"depth": 1})),
                        NormStats(Stats.identity(4), Stats.identity(2)), meta={"env_config": {"kind": "builtin"}})
@@ -105,7 +105,7 @@ def test_eval_reports_episodes_as_they_end(tmp_path, capsys, every_update):
 
 # ---------------------------------------------------------------------------------------------- threads
 def test_auto_threads_are_the_idle_cores_less_one_per_worker_process():
-    from vla_rl.threads import auto_threads, policy_threads, torch_threads
+    from vla_rl.core.threads import auto_threads, policy_threads, torch_threads
 
     none = {}   # no OMP_NUM_THREADS
     assert policy_threads("auto", worker_processes=0, cores=8, busy=0.0, environ=none) == 8
@@ -132,10 +132,11 @@ def test_auto_threads_are_the_idle_cores_less_one_per_worker_process():
 
 
 def test_threads_is_a_range_checked_field_of_the_job_configs():
-    from vla_rl.config import ConfigError, from_dict
+    from vla_rl.core.ranges import ConfigError
+    from vla_rl.core.schema import from_dict
     from vla_rl.eval.bench import BenchConfig
     from vla_rl.eval.evaluate import EvalConfig
-    from vla_rl.sft import SFTRunConfig
+    from vla_rl.train.sft import SFTRunConfig
     from vla_rl.train.trainer import TrainConfig
 
     for cls in (TrainConfig, SFTRunConfig, EvalConfig, BenchConfig):
@@ -149,9 +150,9 @@ def test_threads_is_a_range_checked_field_of_the_job_configs():
 def test_a_trainer_sets_its_threads_and_gives_the_previous_count_back(tmp_path, monkeypatch):
     """The built-in env has no worker processes: ``auto`` is every idle core (all of them on an idle machine, one
     on a machine whose cores are all busy); a number is used; ``close`` restores the count the process had."""
-    import vla_rl.threads
-    from vla_rl.config import from_dict
-    from vla_rl.threads import available_cores
+    import vla_rl.core.threads
+    from vla_rl.core.schema import from_dict
+    from vla_rl.core.threads import available_cores
     from vla_rl.train.trainer import TrainConfig, Trainer
 
     cfg = {"env": {"num_envs": 2}, "iterations": 0, "eval_episodes": 2, "tensorboard": False, "progress": False,
@@ -160,7 +161,7 @@ def test_a_trainer_sets_its_threads_and_gives_the_previous_count_back(tmp_path, 
     before = torch.get_num_threads()
     lines = []
     for busy, expected in ((0.0, available_cores()), (float(available_cores()), 1)):
-        monkeypatch.setattr(vla_rl.threads, "measured_busy_cores", lambda b=busy: b)
+        monkeypatch.setattr(vla_rl.core.threads, "measured_busy_cores", lambda b=busy: b)
         with Trainer(from_dict(TrainConfig, {**cfg, "out": str(tmp_path / f"a{busy}")}), log=lines.append) as t:
             assert t.threads == expected == torch.get_num_threads()
     if available_cores() > 1:
@@ -171,7 +172,7 @@ def test_a_trainer_sets_its_threads_and_gives_the_previous_count_back(tmp_path, 
 
 
 def test_busy_cores_read_from_proc_stat():
-    from vla_rl.threads import available_cores, busy_cores, cpu_ticks
+    from vla_rl.core.threads import available_cores, busy_cores, cpu_ticks
 
     stat = ("cpu  30 0 10 50 5 0 0 5 0 0\n"
             "cpu0 10 0 5 20 5 0 0 0 0 0\n"      # busy 15 of 40 (iowait is idle)

@@ -22,12 +22,12 @@ from inline_pool import InProcessPool  # noqa: E402
 
 from vla_rl.checkpoint.folders import read_tensors  # noqa: E402
 from vla_rl.checkpoint.policy import save_policy  # noqa: E402
-from vla_rl.config import from_dict  # noqa: E402
-from vla_rl.distributed.config import RayConfig  # noqa: E402
+from vla_rl.core.schema import from_dict  # noqa: E402
+from vla_rl.distributed.ray_config import RayConfig  # noqa: E402
 from vla_rl.distributed.runtime import connect  # noqa: E402
-from vla_rl.env_factory import single_env_factory  # noqa: E402
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachSingleEnv  # noqa: E402
 from vla_rl.envs.ray_workers import RayVectorEnv  # noqa: E402
+from vla_rl.envs.registry import single_env_factory  # noqa: E402
 from vla_rl.train.trainer import TrainConfig, Trainer, TrainingError, resume_trainer  # noqa: E402
 
 SMALL = {"depth": 1, "vision": {"depth": 1}, "prefix": {"width": 32, "mlp_dim": 64},
@@ -47,12 +47,12 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def sft(tmp_path_factory) -> Path:
-    from vla_rl.config import policy_preset
     from vla_rl.data.collect import collect_builtin_demos
     from vla_rl.policies.actor import Actor
     from vla_rl.policies.model import FlowPolicy
     from vla_rl.policies.normalize import NormStats, Stats
-    from vla_rl.sft import SFTConfig, train_sft
+    from vla_rl.presets import policy_preset
+    from vla_rl.train.sft import SFTConfig, train_sft
 
     torch.manual_seed(0)
     data = collect_builtin_demos(4, seed=0)

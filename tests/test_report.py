@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from vla_rl.cli import main as cli_main
-from vla_rl.eval.report import ReportError, Run, read_metrics, summarize_run, summary_table, write_report
+from vla_rl.eval.report import ReportError, Run, summarize_run, summary_table, write_report
 
 
 def _write_run(path, evals, *, iteration_s=10.0, steps_per_iter=1000, torn=False):
@@ -43,12 +43,12 @@ def test_summary_of_a_hand_made_run(tmp_path):
 
 def test_torn_last_line_is_skipped_but_a_broken_middle_line_is_an_error(tmp_path):
     run_dir = _write_run(tmp_path / "torn", [0.2, 0.4], torn=True)
-    assert [r["iteration"] for r in read_metrics(run_dir / "metrics.jsonl")] == [0, 1]
+    assert [r["iteration"] for r in Run.load(run_dir).records] == [0, 1]
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "metrics.jsonl").write_text('{"iteration": 0}\nnot json\n{"iteration": 1}\n')
-    with pytest.raises(ReportError, match="metrics.jsonl:2"):
-        read_metrics(bad / "metrics.jsonl")
+    with pytest.raises(ReportError, match="metrics.jsonl line 2 is not a metrics record"):
+        Run.load(bad)
     with pytest.raises(ReportError, match="no metrics file"):
         Run.load(tmp_path / "nowhere")
 

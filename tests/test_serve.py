@@ -475,7 +475,7 @@ def test_serve_on_cuda_without_cuda_is_a_config_error(exported, capsys):
 
 def test_limits_that_let_messages_outgrow_the_memory_budget_are_refused(exported, capsys):
     from vla_rl.cli import main
-    from vla_rl.config import ConfigError
+    from vla_rl.core.ranges import ConfigError
 
     default = ServeConfig()
     assert default.message_memory_mb <= default.max_memory_mb

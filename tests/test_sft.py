@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-from vla_rl.checkpoint.folders import CheckpointError
 from vla_rl.checkpoint.policy import load_policy, save_policy
-from vla_rl.config import policy_preset
+from vla_rl.core.errors import CheckpointError
 from vla_rl.data.collect import collect_builtin_demos
 from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.sft import SFTConfig, loss_summary, train_sft
+from vla_rl.presets import policy_preset
+from vla_rl.train.sft import SFTConfig, loss_summary, train_sft
 
 SMALL = {"depth": 2, "vision": {"depth": 1}, "prefix": {"width": 64, "mlp_dim": 128},
          "expert": {"width": 64, "mlp_dim": 128}}
@@ -60,7 +60,7 @@ def test_the_loss_line_names_its_windows(trained):
 
 def test_sft_of_100_steps_reports_a_start_and_an_end(tmp_path, capsys):
     from vla_rl.data.collect import CollectConfig, collect_dataset
-    from vla_rl.sft import SFTRunConfig, run_sft
+    from vla_rl.train.sft import SFTRunConfig, run_sft
 
     demos = collect_dataset("builtin", tmp_path / "demos", CollectConfig(episodes=2, seed=0))
     run_sft(demos, SFTRunConfig(model="tiny", steps=20, batch_size=8, warmup_steps=2, eval_episodes=0, threads=1,

@@ -8,12 +8,14 @@ import torch
 import yaml
 from helpers import SMALL, train_config
 
-from vla_rl.checkpoint.folders import CheckpointError
 from vla_rl.cli import main as cli_main
-from vla_rl.config import ConfigError, policy_preset, to_dict
+from vla_rl.core.errors import CheckpointError
+from vla_rl.core.ranges import ConfigError
+from vla_rl.core.schema import to_dict
 from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
+from vla_rl.presets import policy_preset
 from vla_rl.train.trainer import Trainer, resume_trainer
 
 
@@ -50,9 +52,9 @@ def test_time_budget_stops_cleanly_with_an_evaluation_and_a_checkpoint(sft_check
     iteration evaluated (off the eval_every schedule) and saved, exit status 0; the resumed run finishes with the
     numbers of an uninterrupted one (the extra evaluation changes no training state). Progress in a log: the
     opening evaluation's episodes and the iterations."""
-    import vla_rl.progress
+    import vla_rl.core.progress
 
-    monkeypatch.setattr(vla_rl.progress, "LOG_INTERVAL_S", 0.0)   # a line at every update
+    monkeypatch.setattr(vla_rl.core.progress, "LOG_INTERVAL_S", 0.0)   # a line at every update
     out, full = tmp_path / "budget", tmp_path / "full"
     over = {"eval_every": 5, "save_every": 5, "ppo": {"update_epochs": 1, "minibatches": 2}}
     yaml.safe_dump(to_dict(train_config(sft_checkpoint, out, **over)), (tmp_path / "run.yaml").open("w"))
@@ -447,7 +449,7 @@ def test_evaluation_shares_the_training_env_and_gets_the_same_numbers(sft_checkp
     and give what a fresh env of the same size gives, even right after a rollout left it mid-episode."""
     from dataclasses import replace
 
-    from vla_rl.env_factory import make_env
+    from vla_rl.envs.registry import make_env
     from vla_rl.eval.evaluate import evaluate
 
     cfg = train_config(sft_checkpoint, tmp_path / "shared", iterations=1, eval_episodes=12)

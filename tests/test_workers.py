@@ -266,8 +266,8 @@ def test_auto_grouping_gives_one_worker_per_core(monkeypatch):
 
 
 def test_env_config_checks_envs_per_worker():
-    from vla_rl.config import ConfigError
-    from vla_rl.env_factory import EnvConfig, make_env
+    from vla_rl.core.ranges import ConfigError
+    from vla_rl.envs.registry import EnvConfig, make_env
 
     with pytest.raises(ConfigError, match=r"envs_per_worker = 0 is outside its valid range \(0, inf\)"):
         EnvConfig(kind="maniskill", envs_per_worker=0)

@@ -14,23 +14,16 @@ import logging
 import os
 import sys
 
-from vla_rl.config import (
-    ConfigError,
-    config_help,
-    from_dict,
-    merge,
-    parse_overrides,
-    preset_path,
-    read_yaml,
-    resolve_device,
-)
+from vla_rl.core.ranges import ConfigError
+from vla_rl.core.schema import config_help, from_dict
+from vla_rl.presets import merge, parse_overrides, preset_path, read_yaml, resolve_device
 
 # (module, exception class, kind) of the errors that are the user's or the machine's, not a bug. Looked up in
 # sys.modules when an error is reported, so the CLI imports none of those modules to start.
 USER_ERRORS = [
-    ("vla_rl.policies.ranges", "ConfigError", "config"),
-    ("vla_rl.outputs", "OutputExistsError", "output"),
-    ("vla_rl.checkpoint.folders", "CheckpointError", "checkpoint"),
+    ("vla_rl.core.ranges", "ConfigError", "config"),
+    ("vla_rl.core.outputs", "OutputExistsError", "output"),
+    ("vla_rl.core.errors", "CheckpointError", "checkpoint"),
     ("vla_rl.data.lerobot", "LeRobotDatasetError", "dataset"),
     ("vla_rl.data.maniskill_h5", "ManiSkillDemoError", "dataset"),
     ("vla_rl.data.lerobot_video", "VideoError", "dataset"),
@@ -71,7 +64,7 @@ def check_train_packages(command: str) -> None:
 # Each command imports its job's modules when it runs (torch and the job's packages), so `vla-rl --help`, a
 # parse error or `serve` on a robot starts without them.
 def _demo(args) -> int:
-    from vla_rl.demo import DemoConfig, run_demo
+    from vla_rl.train.demo import DemoConfig, run_demo
 
     cfg = from_dict(DemoConfig, parse_overrides(args.overrides))
     run_demo(cfg, progress=not args.no_progress, overwrite=args.overwrite)
@@ -180,8 +173,9 @@ def _bench(args) -> int:
 
 def _collect(args) -> int:
     from vla_rl.data.collect import CollectConfig, collect_dataset
+    from vla_rl.envs.registry import LIBERO
 
-    if args.kind == "libero":
+    if args.kind == LIBERO:
         from vla_rl.data.libero_demos import (
             CAMERA_FEATURES,
             LiberoRecordConfig,
@@ -211,7 +205,7 @@ def _collect(args) -> int:
 
 
 def _sft(args) -> int:
-    from vla_rl.sft import SFTRunConfig, run_sft
+    from vla_rl.train.sft import SFTRunConfig, run_sft
 
     cfg = from_dict(SFTRunConfig, parse_overrides(args.overrides))
     run_sft(args.dataset, cfg, progress=not args.no_progress, overwrite=args.overwrite)
@@ -234,7 +228,7 @@ def _export(args) -> int:
 
 def _import(args) -> int:
     from vla_rl.checkpoint.lerobot_pi import import_lerobot
-    from vla_rl.outputs import POLICY, check_output
+    from vla_rl.core.outputs import POLICY, check_output
 
     if args.kind != "lerobot":
         raise ConfigError(f"can import 'lerobot' checkpoints (π0 / π0.5 folders), not {args.kind!r}")
@@ -494,10 +488,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # The config class of each command's key=value overrides (module, class), imported only when its fields are listed.
-CONFIGS = {"demo": ("vla_rl.demo", "DemoConfig"), "train": ("vla_rl.train.trainer", "TrainConfig"),
-           "eval": ("vla_rl.eval.evaluate", "EvalConfig"), "sft": ("vla_rl.sft", "SFTRunConfig"),
+CONFIGS = {"demo": ("vla_rl.train.demo", "DemoConfig"), "train": ("vla_rl.train.trainer", "TrainConfig"),
+           "eval": ("vla_rl.eval.evaluate", "EvalConfig"), "sft": ("vla_rl.train.sft", "SFTRunConfig"),
            "collect": ("vla_rl.data.collect", "CollectConfig"), "bench": ("vla_rl.eval.bench", "BenchConfig"),
-           "import": ("vla_rl.policies.config", "PolicyConfig"), "export": ("vla_rl.policies.exported", "ExportSpec")}
+           "import": ("vla_rl.policies.policy_config", "PolicyConfig"),
+           "export": ("vla_rl.policies.exported", "ExportSpec")}
 
 
 class HelpConfig(argparse.Action):
@@ -516,7 +511,7 @@ class HelpConfig(argparse.Action):
 
 # What each writing command writes (``--overwrite`` replaces it; without, an output that holds anything is refused).
 # Another kind of data there (a run, a dataset, ...) is never replaced, and an output inside an input is refused
-# (vla_rl.outputs).
+# (vla_rl.core.outputs).
 WRITERS = {"demo": "the demo folder (out=)", "train": "the run folder (out=)", "sft": "the policy folder (out=)",
            "collect": "the dataset folder OUT", "eval": "the results file (out=)",
            "import": "the policy folder OUT", "export": "the export folder OUT",

@@ -20,11 +20,9 @@ import yaml
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
+from vla_rl.core.errors import CheckpointError
+
 FORMAT_VERSION = 1
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint folder is missing, corrupt or does not match what is asked of it."""
 
 
 class CheckpointWriteError(CheckpointError):

@@ -38,12 +38,15 @@ import yaml
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from vla_rl.checkpoint.folders import FORMAT_VERSION, CheckpointError, atomic_folder
-from vla_rl.config import ConfigError, from_dict, merge, to_dict
-from vla_rl.policies.config import PolicyConfig
+from vla_rl.checkpoint.folders import FORMAT_VERSION, atomic_folder
+from vla_rl.core.errors import CheckpointError
+from vla_rl.core.ranges import ConfigError
+from vla_rl.core.schema import from_dict, to_dict
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
+from vla_rl.policies.policy_config import PolicyConfig
 from vla_rl.policies.tokenizer import SentencePieceTokenizer, TokenizerError
+from vla_rl.presets import merge
 
 LEROBOT_TYPES = ("pi0", "pi05")
 TOKENIZER_FILE = "tokenizer.model"          # PaliGemma's SentencePiece model, as its repository names it

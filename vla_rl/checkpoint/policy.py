@@ -12,18 +12,19 @@ import torch
 
 from vla_rl.checkpoint.folders import (
     FORMAT_VERSION,
-    CheckpointError,
     read_tensors,
     read_tensors_lazily,
     read_yaml_file,
     write_atomic_folder,
 )
 from vla_rl.checkpoint.lerobot_pi import is_lerobot_folder, load_lerobot
-from vla_rl.config import ConfigError, from_dict, to_dict
+from vla_rl.core.errors import CheckpointError
+from vla_rl.core.ranges import ConfigError
+from vla_rl.core.schema import from_dict, to_dict
 from vla_rl.policies import lora
-from vla_rl.policies.config import PolicyConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats
+from vla_rl.policies.policy_config import PolicyConfig
 from vla_rl.policies.tokenizer import SentencePieceTokenizer, TokenizerError
 
 

@@ -21,13 +21,13 @@ from pathlib import Path
 import torch
 
 from vla_rl.checkpoint.folders import (
-    CheckpointError,
     clean_stale_temp,
     read_tensors,
     read_yaml_file,
     verify_folder,
     write_atomic_folder,
 )
+from vla_rl.core.errors import CheckpointError
 
 CHECKPOINT_PREFIX = "iter_"
 _NAME = re.compile(rf"{CHECKPOINT_PREFIX}(\d+)")

@@ -8,22 +8,24 @@ from typing import Literal
 
 import torch
 
-from vla_rl.config import ConfigError, check_ranges, nonneg, ranged, setting, to_dict
+from vla_rl.core.outputs import DATASET, TRAJECTORIES, check_output
+from vla_rl.core.progress import progress as progress_bar
+from vla_rl.core.ranges import ConfigError, check_ranges, nonneg, ranged, setting
+from vla_rl.core.schema import to_dict
 from vla_rl.data.dataset import DemoDataset
 from vla_rl.data.lerobot import write_lerobot_dataset
 from vla_rl.data.maniskill_demos import PLANNED_TASKS, collect_maniskill
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
-from vla_rl.outputs import DATASET, TRAJECTORIES, check_output
-from vla_rl.progress import progress as progress_bar
+from vla_rl.envs.registry import BUILTIN, MANISKILL
 
 # Kinds of scripted experts ``vla-rl collect`` knows: the built-in task's expert, ManiSkill's motion planners.
-COLLECT_KINDS = ("builtin", "maniskill")
+COLLECT_KINDS = (BUILTIN, MANISKILL)
 # The settings each collector reads (the others belong to the other collector). info.json records these
 # only, resolved, and setting another collector's field is refused: it would do nothing.
 COMMON_FIELDS = ("episodes", "seed", "fps", "video")
-KIND_FIELDS = {"builtin": ("noise", "num_envs", "env"),
-               "maniskill": ("task", "control_mode", "obs_mode", "image_size", "max_episode_steps", "max_tries")}
-DEFAULT_FPS = {"builtin": 10, "maniskill": 20}   # built-in: no clock; ManiSkill: its 20 Hz control rate
+KIND_FIELDS = {BUILTIN: ("noise", "num_envs", "env"),
+               MANISKILL: ("task", "control_mode", "obs_mode", "image_size", "max_episode_steps", "max_tries")}
+DEFAULT_FPS = {BUILTIN: 10, MANISKILL: 20}   # built-in: no clock; ManiSkill: its 20 Hz control rate
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ def collector_settings(kind: str, cfg: CollectConfig) -> dict:
     full = to_dict(cfg)
     out = {name: full[name] for name in COMMON_FIELDS + KIND_FIELDS[kind]}
     out["fps"] = cfg.fps or DEFAULT_FPS[kind]
-    if kind == "maniskill":
+    if kind == MANISKILL:
         out["max_tries"] = cfg.max_tries or 3 * cfg.episodes + 10
     return {"kind": kind, **out}
 
@@ -126,10 +128,10 @@ def collect_dataset(kind: str, out: str | Path, cfg: CollectConfig, *, overwrite
     unless ``overwrite`` (then replaced atomically once the new dataset is complete)."""
     settings = collector_settings(kind, cfg)
     check_output(out, overwrite=overwrite, kind=DATASET, elsewhere="another OUT folder")
-    if kind == "maniskill":   # ManiSkill's own files of an earlier collection into OUT live beside it
+    if kind == MANISKILL:   # ManiSkill's own files of an earlier collection into OUT live beside it
         raw = Path(out).with_name(Path(out).name + ".maniskill")
         check_output(raw, overwrite=overwrite, kind=TRAJECTORIES, elsewhere="another OUT folder")
-    if kind == "maniskill":
+    if kind == MANISKILL:
         if cfg.task not in PLANNED_TASKS:
             raise ConfigError(f"ManiSkill has no motion-planning solution for task={cfg.task!r}; it has one for: "
                               f"{', '.join(PLANNED_TASKS)}")
@@ -142,5 +144,5 @@ def collect_dataset(kind: str, out: str | Path, cfg: CollectConfig, *, overwrite
                                  config=cfg.env, progress=progress)
     return write_lerobot_dataset(out, data, fps=settings["fps"], camera_names=["top"],
                                  robot_type="color_reach_point", video=cfg.video,
-                                 extra_info={"vla_rl": {"env": "builtin", "env_config": to_dict(cfg.env),
+                                 extra_info={"vla_rl": {"env": BUILTIN, "env_config": to_dict(cfg.env),
                                                         "collect": settings}})

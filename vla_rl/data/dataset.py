@@ -114,6 +114,19 @@ def select_episodes(data: DemoDataset, episodes: list[int]) -> DemoDataset:
                        task_index=data.task_index[keep], tasks=list(data.tasks))
 
 
+def take_episodes(data: DemoDataset, n: int) -> DemoDataset:
+    """The frames of the first ``n`` episodes (in dataset order), episode indices kept; the task list is cut to
+    the tasks they use (renumbered in order)."""
+    keep = torch.unique_consecutive(data.episode_index)[:n]
+    mask = torch.isin(data.episode_index, keep)
+    used = sorted(set(data.task_index[mask].tolist()))
+    remap = torch.full((len(data.tasks),), -1, dtype=torch.long)
+    remap[used] = torch.arange(len(used))
+    return DemoDataset(images=data.images[mask], state=data.state[mask], action=data.action[mask],
+                       episode_index=data.episode_index[mask], frame_index=data.frame_index[mask],
+                       task_index=remap[data.task_index[mask]], tasks=[data.tasks[t] for t in used])
+
+
 def concat_episodes(parts: list[DemoDataset]) -> DemoDataset:
     """The episodes of ``parts`` one after another, renumbered 0, 1, ...; task lists are merged."""
     if not parts:

@@ -8,7 +8,7 @@ positions) and ``actions`` (7 floats in [-1, 1], gripper -1 opens), at 10 fps, r
 
 Policies:
 
-- ``expert``: the scripted expert of :mod:`vla_rl.envs.libero_expert` (privileged state -> OSC_POSE action),
+- ``expert``: the scripted expert of :mod:`vla_rl.envs.libero.expert` (privileged state -> OSC_POSE action),
   from the task's fixed init states 0, 1, ... (``init_states="fixed"``, LIBERO's official ones) or from sampled
   placements 0, 1, ... (``"sampled"``), until ``episodes_per_task`` episodes succeeded or ``max_tries`` init
   states were tried. Only successful episodes become demonstrations; every failure is counted and reported
@@ -34,13 +34,15 @@ import pyarrow.parquet as pq
 import torch
 
 from vla_rl.checkpoint.folders import atomic_folder
-from vla_rl.config import check_ranges, nonneg, positive, ranged, to_dict
+from vla_rl.core.outputs import DATASET, check_output
+from vla_rl.core.progress import progress as progress_bar
+from vla_rl.core.ranges import check_ranges, nonneg, positive, ranged
+from vla_rl.core.schema import to_dict
 from vla_rl.data.dataset import DemoDataset
 from vla_rl.data.lerobot import write_lerobot_dataset
-from vla_rl.envs.libero import NUM_FIXED_INIT_STATES, LiberoConfig, LiberoSingleEnv
-from vla_rl.envs.libero_expert import ExpertConfig, LiberoExpert, UnsupportedGoal, plan_goal, read_scene
-from vla_rl.outputs import DATASET, check_output
-from vla_rl.progress import progress as progress_bar
+from vla_rl.envs.libero.expert import ExpertConfig, LiberoExpert, UnsupportedGoal, plan_goal, read_scene
+from vla_rl.envs.libero.robosuite_env import NUM_FIXED_INIT_STATES, LiberoConfig, LiberoSingleEnv
+from vla_rl.envs.registry import LIBERO
 
 # Our LeRobot writer's names -> the LIBERO layout's.
 LIBERO_FEATURES = {"observation.images.image": "image", "observation.images.wrist_image": "wrist_image",
@@ -134,8 +136,9 @@ class TaskReport:
 
 
 def run_expert_episode(env, task_id: int, init_id: int, *, seed: int, jitter: float = 0.0):
-    """One episode of the scripted expert on ``env`` (a :class:`~vla_rl.envs.libero.LiberoSingleEnv`) from init
-    state ``init_id``: ``(frames [(obs, action)], success, reason)``; ``reason`` says why a failure failed."""
+    """One episode of the scripted expert on ``env`` (a :class:`~vla_rl.envs.libero.robosuite_env.LiberoSingleEnv`)
+    from init state ``init_id``: ``(frames [(obs, action)], success, reason)``; ``reason`` says why a failure
+    failed."""
     obs = env.reset_to(task_id, init_id)
     sim = env.sim_env
     scene = read_scene(sim)
@@ -283,8 +286,8 @@ def recording_info(cfg: LiberoRecordConfig, report: list[dict] | None = None) ->
     """info.json's ``vla_rl`` entry of a recording (with the expert's per-task ``collect_report``)."""
     # Same shape as the other envs' recordings: env name + the adapter config (LiberoConfig fields);
     # "collect": the recorder's own settings, as the built-in and ManiSkill collectors record theirs.
-    out = {"env": "libero", "env_config": cfg.env_config(), "policy": cfg.policy, "seed": cfg.seed,
-           "collect": {"kind": "libero", **to_dict(cfg)}}
+    out = {"env": LIBERO, "env_config": cfg.env_config(), "policy": cfg.policy, "seed": cfg.seed,
+           "collect": {"kind": LIBERO, **to_dict(cfg)}}
     if report is not None:
         out["collect_report"] = report
     return {"vla_rl": out}

@@ -31,7 +31,8 @@ import numpy as np
 import torch
 
 import vla_rl
-from vla_rl.config import from_dict, to_dict
+from vla_rl.core.progress import progress as progress_bar
+from vla_rl.core.schema import from_dict, to_dict
 from vla_rl.data.dataset import DemoDataset, concat_episodes, select_episodes
 from vla_rl.data.lerobot import read_lerobot_dataset, read_lerobot_info, write_lerobot_dataset
 from vla_rl.data.maniskill_h5 import (
@@ -50,7 +51,7 @@ from vla_rl.envs.maniskill import (
     make_task,
     task_max_episode_steps,
 )
-from vla_rl.progress import progress as progress_bar
+from vla_rl.envs.registry import MANISKILL
 
 # The tasks ManiSkill 3.0.1 ships a Panda motion-planning solution for (``...panda.solutions``).
 PLANNED_TASKS = ("PickCube-v1", "PushCube-v1", "StackCube-v1", "PullCube-v1", "LiftPegUpright-v1",
@@ -221,7 +222,7 @@ def refresh_dataset_first_frames(dataset: str | Path, out: str | Path, *, log=pr
     State datasets only; the actions and every later frame must equal the dataset's, else an error."""
     info = read_lerobot_info(dataset)
     meta = info.get("vla_rl") or {}
-    if meta.get("env") != "maniskill" or not meta.get("source") or not meta.get("env_config"):
+    if meta.get("env") != MANISKILL or not meta.get("source") or not meta.get("env_config"):
         raise ManiSkillDemoError(f"{dataset} was not written by `vla-rl collect maniskill` (its info.json "
                                  "names no ManiSkill source file and env)")
     if not isinstance(meta["source"], str):
@@ -354,7 +355,7 @@ def collect_maniskill(out: str | Path, *, task: str, episodes: int, seed: int = 
             cameras = [c for c in sensors if "rgb" in sensors[c]]
     return write_lerobot_dataset(out, data, fps=fps, camera_names=cameras, robot_type="panda", video=video,
                                  extra_info={"vla_rl": {
-                                     "env": "maniskill", "env_config": to_dict(env_cfg),
+                                     "env": MANISKILL, "env_config": to_dict(env_cfg),
                                      "source": sources[0] if len(sources) == 1 else sources,
                                      "first_frames": "re-observed at reset",
                                      "dropped": [{"seed": d.seed, "reason": d.reason} for d in dropped],

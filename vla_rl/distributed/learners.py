@@ -26,10 +26,10 @@ from torch import Tensor
 from vla_rl.distributed.fsdp import full_optimizer_state, full_weights, metrics_sync, shard_learner
 from vla_rl.distributed.gradsync import sum_over_learners
 from vla_rl.policies.actor import Actor
-from vla_rl.policies.config import PolicyConfig
 from vla_rl.policies.lora import apply_lora
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats
+from vla_rl.policies.policy_config import PolicyConfig
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.rollout import Rollout
 

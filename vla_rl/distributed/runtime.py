@@ -14,16 +14,15 @@ The placement groups reserve everything at start (all or nothing), so a run neve
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import torch
 
-import vla_rl
-from vla_rl.config import ConfigError
-from vla_rl.distributed.config import RayConfig
+from vla_rl.core.paths import checkout_root
+from vla_rl.core.ranges import ConfigError
 from vla_rl.distributed.learners import RayLearners
-from vla_rl.env_factory import EnvConfig, single_env_factory
+from vla_rl.distributed.ray_config import RayConfig
 from vla_rl.envs.ray_workers import RayVectorEnv
+from vla_rl.envs.registry import EnvConfig, single_env_factory
 
 
 class ClusterError(RuntimeError):
@@ -32,7 +31,7 @@ class ClusterError(RuntimeError):
 
 class LocalRuntime:
     """Everything in this process (and its env worker processes): a run without Ray. The trainer builds its
-    envs with :func:`vla_rl.env_factory.make_env` whenever ``remote_envs`` is False."""
+    envs with :func:`vla_rl.envs.registry.make_env` whenever ``remote_envs`` is False."""
 
     remote_envs = False
 
@@ -43,13 +42,6 @@ class LocalRuntime:
         pass
 
 
-def checkout_root() -> str | None:
-    """The source checkout vla_rl is imported from (None for an installed wheel): Ray's workers must import
-    the same code, so it goes on their PYTHONPATH."""
-    root = Path(vla_rl.__file__).resolve().parent.parent
-    return str(root) if (root / "pyproject.toml").is_file() and (root / "envs").is_dir() else None
-
-
 def init_kwargs(cfg: RayConfig) -> dict:
     """The arguments of ``ray.init`` for ``cfg``."""
     kwargs: dict = {"address": cfg.address, "include_dashboard": False, "log_to_driver": True}
@@ -57,7 +49,7 @@ def init_kwargs(cfg: RayConfig) -> dict:
         kwargs.update(num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus)
     root = checkout_root()
     if root is not None:
-        path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+        path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
         kwargs["runtime_env"] = {"env_vars": {"PYTHONPATH": path}}
     return kwargs
 

@@ -1,6 +1,6 @@
 """``vla-rl bench``: a policy on a whole benchmark suite, task by task, with a table to put next to papers.
 
-A bench is a list of *tasks*; each is one :class:`~vla_rl.env_factory.EnvConfig` and a number of episodes,
+A bench is a list of *tasks*; each is one :class:`~vla_rl.envs.registry.EnvConfig` and a number of episodes,
 evaluated with the one evaluation loop (:func:`vla_rl.eval.evaluate.evaluate_episodes`, deterministic ODE
 sampler) on ``workers`` envs:
 
@@ -38,20 +38,22 @@ import torch
 
 from vla_rl.checkpoint.folders import read_yaml_file
 from vla_rl.checkpoint.policy import load_any_policy  # ours, or a LeRobot π0 / π0.5 folder
-from vla_rl.config import ConfigError, check_ranges, from_dict, nonneg, positive, setting, to_dict
+from vla_rl.core.outputs import BENCH, check_output, clear_output
+from vla_rl.core.ranges import ConfigError, check_ranges, nonneg, positive, setting
+from vla_rl.core.schema import from_dict, to_dict
+from vla_rl.core.threads import policy_threads, threads_setting, torch_threads
 from vla_rl.data.maniskill_demos import PLANNED_TASKS
-from vla_rl.env_factory import EnvConfig, make_env
-from vla_rl.envs.libero import SUITE_NUM_TASKS, LiberoConfig, episode_of, task_instruction
-from vla_rl.envs.libero_warp import LiberoWarpConfig
+from vla_rl.envs.libero.robosuite_env import SUITE_NUM_TASKS, LiberoConfig, episode_of, task_instruction
+from vla_rl.envs.libero.settings import libero_env_config
+from vla_rl.envs.libero.warp_env import LiberoWarpConfig
+from vla_rl.envs.registry import LIBERO, LIBERO_WARP, MANISKILL, EnvConfig, make_env
 from vla_rl.envs.video import VIEW_MIN_SECONDS, VIEW_MIN_SIZE, record_video
 from vla_rl.envs.worker_pool import WorkerError
+from vla_rl.envs.workers import local_worker_processes
 from vla_rl.eval.evaluate import checkpoint_env_config, evaluate_episodes
-from vla_rl.eval.libero import libero_env_config
 from vla_rl.eval.paired import paired_difference
-from vla_rl.outputs import BENCH, check_output, clear_output
 from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.inference import cast_weights
-from vla_rl.threads import local_worker_processes, policy_threads, threads_setting, torch_threads
 
 LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
 SUITE_SETS = {"libero_4": ("libero_spatial", "libero_object", "libero_goal", "libero_10")}
@@ -110,23 +112,23 @@ def suite_names(suite: str) -> tuple[str, list[str]]:
     if suite.startswith("maniskill:"):
         spec = suite.split(":", 1)[1]
         if spec == "mp":
-            return "maniskill", list(PLANNED_TASKS)
+            return MANISKILL, list(PLANNED_TASKS)
         ids = [s.strip() for s in spec.split(",") if s.strip()]
         if not ids:
             raise ConfigError(f"suite {suite!r}: name ManiSkill tasks, e.g. maniskill:PickCube-v1,PushCube-v1 "
                               "or maniskill:mp")
-        return "maniskill", ids
+        return MANISKILL, ids
     names = list(SUITE_SETS.get(suite, (suite,)))
     bad = [s for s in names if s not in LIBERO_SUITES]
     if bad:
         raise ConfigError(f"unknown suite {suite!r}; LIBERO suites: {', '.join((*LIBERO_SUITES, *SUITE_SETS))}; "
                           "ManiSkill: maniskill:mp or maniskill:<task ids>")
-    return "libero", names
+    return LIBERO, names
 
 
 @dataclass(frozen=True)
 class BenchTask:
-    suite: str            # LIBERO suite or "maniskill"
+    suite: str            # LIBERO suite, or MANISKILL for ManiSkill tasks
     task: str             # LIBERO task id (as text) or ManiSkill task id
     env: EnvConfig        # num_envs is set when the task runs
     episodes: int
@@ -150,7 +152,7 @@ def plan_tasks(checkpoint: str | Path, cfg: BenchConfig, model_cfg, policy_confi
     """The bench's tasks with their env configs, checked against the policy before any simulator starts."""
     simulator, names = suite_names(cfg.suite)
     n = cfg.episodes_per_task
-    if simulator == "libero":
+    if simulator == LIBERO:
         train_env = None
         if (Path(checkpoint) / "train_config.yaml").is_file():
             train_env = read_yaml_file(Path(checkpoint) / "train_config.yaml").get("env")
@@ -171,20 +173,20 @@ def plan_tasks(checkpoint: str | Path, cfg: BenchConfig, model_cfg, policy_confi
                 raise ConfigError(f"tasks {bad} out of range: {suite} has {SUITE_NUM_TASKS[suite]} tasks")
             for t in ids:
                 lib = replace(base, suite=suite, task_ids=[t], init_state_ids=list(range(n)), episode_order="indexed")
-                env = EnvConfig(kind="libero", libero=lib)
+                env = EnvConfig(kind=LIBERO, libero=lib)
                 if cfg.backend == "warp":
-                    env = EnvConfig(kind="libero_warp", libero_warp=_warp_config(lib, warp_only))
+                    env = EnvConfig(kind=LIBERO_WARP, libero_warp=_warp_config(lib, warp_only))
                 out.append(BenchTask(suite, str(t), env, n, 0))
         return out
     if cfg.backend != "robosuite":
         raise ConfigError(f"backend={cfg.backend} is for LIBERO suites; ManiSkill runs its own simulator")
     env_cfg = checkpoint_env_config(checkpoint, {})
-    if env_cfg.kind != "maniskill":
+    if env_cfg.kind != MANISKILL:
         raise BenchError(f"{checkpoint} was made for a {env_cfg.kind} env, not ManiSkill; a ManiSkill bench needs a "
                          "policy trained on ManiSkill observations")
     tasks = names if cfg.tasks is None else [str(t) for t in cfg.tasks]
     base = from_dict(type(env_cfg.maniskill), {**to_dict(env_cfg.maniskill), **cfg.env}, prefix="env")
-    return [BenchTask("maniskill", t, EnvConfig(kind="maniskill", maniskill=replace(base, task=t)), n, cfg.seed)
+    return [BenchTask(MANISKILL, t, EnvConfig(kind=MANISKILL, maniskill=replace(base, task=t)), n, cfg.seed)
             for t in tasks]
 
 
@@ -267,7 +269,7 @@ def run_task(actor_for, task: BenchTask, cfg: BenchConfig, out: Path, log) -> di
     finally:
         env.close()
     instruction = ""
-    if task.env.kind in ("libero", "libero_warp"):
+    if task.env.info.family == LIBERO:
         lib = task.env.task
         instruction = task_instruction(lib.suite, int(task.task))
         for r in records:   # which fixed initial state each episode was (libero_warp: one task, the same order)

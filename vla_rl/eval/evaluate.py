@@ -16,15 +16,18 @@ from vla_rl.checkpoint.folders import read_yaml_file
 from vla_rl.checkpoint.lerobot_pi import is_lerobot_folder
 from vla_rl.checkpoint.policy import load_any_policy
 from vla_rl.checkpoint.training import checkpoint_dir, latest_checkpoint
-from vla_rl.config import check_ranges, from_dict, merge, nonneg, ranged, resolve_device, setting
-from vla_rl.env_factory import EnvConfig, env_identity, make_env
+from vla_rl.core.outputs import EVAL_FILE, check_output
+from vla_rl.core.progress import progress
+from vla_rl.core.ranges import check_ranges, nonneg, ranged, setting
+from vla_rl.core.schema import from_dict
+from vla_rl.core.threads import policy_threads, threads_setting, torch_threads
 from vla_rl.envs.base import EPISODE_METRICS
+from vla_rl.envs.registry import EnvConfig, env_identity, make_env
 from vla_rl.envs.video import VIEW_MIN_SECONDS, VIEW_MIN_SIZE, VideoRecorder, record_video
-from vla_rl.outputs import EVAL_FILE, check_output
+from vla_rl.envs.workers import local_worker_processes
 from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.inference import cast_weights
-from vla_rl.progress import progress
-from vla_rl.threads import local_worker_processes, policy_threads, threads_setting, torch_threads
+from vla_rl.presets import merge, resolve_device
 
 
 @torch.inference_mode()
@@ -130,7 +133,7 @@ def evaluate(actor: Actor, env, *, num_episodes: int, sampler: SamplerConfig | N
              execute: int | None = None, seed: int = 1000, prefix: str = "eval",
              progress: bool = False, desc: str = "eval") -> dict[str, float]:
     """Success rate and returns over ``num_episodes`` episodes (:func:`evaluate_episodes`, averaged);
-    ``progress``: show the episodes done (:func:`vla_rl.progress.progress`, named ``desc``).
+    ``progress``: show the episodes done (:func:`vla_rl.core.progress.progress`, named ``desc``).
 
     Counting only each env's first episode (rather than whatever ends first) keeps short, successful
     episodes from being over-represented."""
@@ -143,7 +146,7 @@ def evaluate(actor: Actor, env, *, num_episodes: int, sampler: SamplerConfig | N
 @contextlib.contextmanager
 def episode_progress(total: int, *, enabled: bool, desc: str = "eval"):
     """A ``progress(done, total)`` callback for :func:`evaluate_episodes` that moves a progress indicator
-    (:func:`vla_rl.progress.progress`: a bar on a terminal, a line every few seconds in a log)."""
+    (:func:`vla_rl.core.progress.progress`: a bar on a terminal, a line every few seconds in a log)."""
     with progress(total=total, desc=desc, unit="episodes", enabled=enabled) as bar:
         yield lambda done, _total: bar.update(done - bar.n)
 
@@ -186,7 +189,7 @@ def open_checkpoint(path: str | Path, *, env_config, num_envs: int, device: torc
                     seed: int, dtype: str = "fp32", compile: str = "none") -> tuple[Actor, Any]:
     """A policy or training checkpoint folder's policy as an :class:`Actor` on ``device`` (weights in ``dtype``,
     the denoising loop run as ``compile`` says), and ``num_envs`` of the env ``env_config`` (an
-    :class:`~vla_rl.env_factory.EnvConfig`, usually :func:`checkpoint_env_config` of the same folder)."""
+    :class:`~vla_rl.envs.registry.EnvConfig`, usually :func:`checkpoint_env_config` of the same folder)."""
     model, norm, _ = load_any_policy(Path(path))
     env = make_env(env_config, num_envs=num_envs, device=device, seed=seed)
     try:

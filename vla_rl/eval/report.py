@@ -11,13 +11,14 @@ not timed), so a resumed run's curve has no gap for the time it was stopped.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from vla_rl.outputs import REPORT, check_output
+from vla_rl.checkpoint.metrics_log import read_metrics
+from vla_rl.core.errors import CheckpointError
+from vla_rl.core.outputs import REPORT, check_output
 from vla_rl.rl.health import HINTS, SIGNALS, HealthConfig, noise_cost_line, success_trend, trend_statement
 
 SUCCESS = "eval/success_once"
@@ -36,29 +37,6 @@ class ReportError(ValueError):
     """A run folder that cannot be reported (missing or unreadable metrics)."""
 
 
-def read_metrics(path: str | Path) -> list[dict]:
-    """The records of a ``metrics.jsonl`` file. A torn last line (a run killed mid-write) is skipped; a
-    malformed line anywhere else is an error naming the file and line."""
-    path = Path(path)
-    if not path.is_file():
-        raise ReportError(f"no metrics file at {path}")
-    lines = path.read_text().splitlines()
-    out = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:
-                break
-            raise ReportError(f"{path}:{i + 1}: not a JSON line") from None
-        if not isinstance(rec, dict) or "iteration" not in rec:
-            raise ReportError(f"{path}:{i + 1}: a metrics record needs an 'iteration'")
-        out.append(rec)
-    return out
-
-
 @dataclass
 class Run:
     """One run folder's metrics, with the cumulative env steps and wall time of each record."""
@@ -68,8 +46,15 @@ class Run:
 
     @staticmethod
     def load(path: str | Path, name: str | None = None) -> Run:
+        """A run folder's ``metrics.jsonl`` (the trainer's reader: a torn last line is dropped, any other
+        unreadable line is an error naming it)."""
         path = Path(path)
-        return Run(name or path.name, read_metrics(path / "metrics.jsonl"))
+        if not (path / "metrics.jsonl").is_file():
+            raise ReportError(f"no metrics file at {path / 'metrics.jsonl'}")
+        try:
+            return Run(name or path.name, read_metrics(path / "metrics.jsonl", log=lambda _: None))
+        except CheckpointError as e:
+            raise ReportError(str(e)) from None
 
     def series(self, key: str) -> tuple[list[float], list[float], list[float]]:
         """(env steps, wall seconds, value) of every record that has a finite ``key``."""
@@ -247,7 +232,7 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path, *, names: list
     """Plot ``run_dirs`` and write ``report.md`` (the summary table, each run's health and trend, and the figures)
     into ``out_dir``; returns its path and the text of the table and the health sections. ``out_dir`` may hold an
     earlier report (its files are replaced); other files there need ``overwrite``, and another kind of data is
-    refused (:mod:`vla_rl.outputs`)."""
+    refused (:mod:`vla_rl.core.outputs`)."""
     if not run_dirs:
         raise ReportError("give at least one run folder")
     check_output(out_dir, overwrite=overwrite, kind=REPORT, reuse=True, elsewhere="another --out",

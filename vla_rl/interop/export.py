@@ -23,14 +23,15 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from vla_rl.checkpoint.folders import FORMAT_VERSION, CheckpointError, atomic_folder, read_tensors, read_yaml_file
+from vla_rl.checkpoint.folders import FORMAT_VERSION, atomic_folder, read_tensors, read_yaml_file
 from vla_rl.checkpoint.policy import adapter_scaling
 from vla_rl.checkpoint.training import list_checkpoints
-from vla_rl.config import ConfigError, from_dict, merge, to_dict
-from vla_rl.env_factory import EnvConfig
-from vla_rl.outputs import EXPORT, check_output
+from vla_rl.core.errors import CheckpointError
+from vla_rl.core.outputs import EXPORT, check_output
+from vla_rl.core.ranges import ConfigError
+from vla_rl.core.schema import from_dict, to_dict
+from vla_rl.envs.registry import BUILTIN, ENV_KINDS, EnvConfig
 from vla_rl.policies import lora
-from vla_rl.policies.config import PolicyConfig
 from vla_rl.policies.exported import (
     EXPORT_FORMAT,
     WEIGHT_DTYPES,
@@ -40,6 +41,8 @@ from vla_rl.policies.exported import (
 )
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats
+from vla_rl.policies.policy_config import PolicyConfig
+from vla_rl.presets import merge
 
 DEFAULT_NUM_STEPS = 10   # π0's K, for a source that does not record its own
 
@@ -65,14 +68,8 @@ def resolve_source(src: str | Path) -> Path:
 
 
 # ----------------------------------------------------------------------------------------------------
-# What the envs' observations and actions mean (the adapters' docstrings, in data form)
+# What the envs' observations and actions mean: each env kind describes its own (envs/registry.py)
 # ----------------------------------------------------------------------------------------------------
-LIBERO_STATE = (["eef_pos_x", "eef_pos_y", "eef_pos_z", "eef_axis_angle_x", "eef_axis_angle_y", "eef_axis_angle_z",
-                 "gripper_qpos_left", "gripper_qpos_right"], ["m", "m", "m", "rad", "rad", "rad", "m", "m"])
-DELTA_POSE_ACTIONS = ["dx", "dy", "dz", "drx", "dry", "drz", "gripper"]
-LIBERO_CAMERA_ALIASES = {"agentview": ["image"], "wrist": ["wrist_image"]}   # openpi's LIBERO example keys
-
-
 def _generic_cameras(count: int, size: int, names: tuple[str, ...] = ()) -> list[dict]:
     """Cameras ``camera_<i>``, or named after the policy's camera slots (an imported LeRobot checkpoint's image
     features: ``observation.images.base_0_rgb`` is read as ``base_0_rgb`` or by its full name)."""
@@ -85,49 +82,18 @@ def _generic_cameras(count: int, size: int, names: tuple[str, ...] = ()) -> list
 
 def describe_env(env: dict, *, state_dim: int, action_dim: int, num_cameras: int, image_size: int,
                  camera_names: tuple[str, ...] = ()) -> dict:
-    """ExportSpec fields known from the env config ``env`` (``{"kind": ..., <kind>: {...}}``; {} if unknown)."""
+    """ExportSpec fields known from the env config ``env`` (``{"kind": ..., <kind>: {...}}``; {} if unknown): what
+    the env kind says of its robot (:attr:`~vla_rl.envs.registry.EnvKind.describe`), its settings as the source."""
     kind = env.get("kind") if isinstance(env, dict) else None
-    if kind not in ("builtin", "maniskill", "libero", "libero_warp"):
+    if kind not in ENV_KINDS:
         return {"control_mode": "unknown", "action_low": None, "action_high": None,
                 "cameras": _generic_cameras(num_cameras, image_size, camera_names),
                 "notes": "The source did not record its robot: actions are not clipped; set names, units and bounds "
                          "with key=value overrides at export."}
     task = from_dict(EnvConfig, env, prefix="env").task
-    section = to_dict(task)
-    if kind == "builtin":
-        unit = "workspace [-1, 1]"
-        actions = (["target_x", "target_y"], [unit] * 2) if task.control == "target" else \
-            (["dx", "dy"], [f"step fraction (1 = {task.step_size} workspace units)"] * 2)
-        return {"control_mode": f"builtin:{task.control}", "action_low": -1.0, "action_high": 1.0,
-                "state_names": ["agent_x", "agent_y", "last_action_x", "last_action_y"], "state_units": [unit] * 4,
-                "action_names": actions[0], "action_units": actions[1],
-                "cameras": [{"name": "image", "height": task.image_size, "width": task.image_size}],
-                "source": {"env": {"kind": kind, **section}}}
-    if kind in ("libero", "libero_warp"):   # the same robot, controller and observations on either simulator
-        names, units = LIBERO_STATE
-        return {"control_mode": "libero:OSC_POSE (delta end-effector pose)", "action_low": -1.0, "action_high": 1.0,
-                "state_names": names if state_dim == 8 else [], "state_units": units if state_dim == 8 else [],
-                "action_names": DELTA_POSE_ACTIONS if action_dim == 7 else [],
-                "action_units": ["normalized [-1, 1]"] * 7 if action_dim == 7 else [],
-                "cameras": [{"name": c, "height": task.image_size, "width": task.image_size,
-                             "aliases": LIBERO_CAMERA_ALIASES[c]} for c in task.cameras],
-                "notes": f"gripper: -1 opens, +1 closes. Images: {task.image_orientation} orientation "
-                         "(rot180 is the OpenVLA / openpi LIBERO convention).",
-                "source": {"env": {"kind": kind, **section}}}
-    # ManiSkill: its normalised delta controllers take [-1, 1]; other modes' bounds are the robot's (not recorded).
-    delta = "delta" in task.control_mode
-    names = DELTA_POSE_ACTIONS if task.control_mode == "pd_ee_delta_pose" and action_dim == 7 else \
-        [f"joint_{i + 1}_delta" for i in range(7)] + ["gripper"] \
-        if task.control_mode == "pd_joint_delta_pos" and action_dim == 8 else []
-    return {"control_mode": f"maniskill:{task.control_mode}", "action_low": -1.0 if delta else None,
-            "action_high": 1.0 if delta else None,
-            "action_names": names, "action_units": ["normalized [-1, 1]"] * len(names) if delta else [],
-            "cameras": _generic_cameras(num_cameras, task.image_size), "instruction": task.task_instruction,
-            "notes": "gripper: +1 opens, -1 closes. State: ManiSkill's "
-                     + ("flat privileged state vector" if task.obs_mode != "rgb" else
-                        "proprioception and task extras, flattened in sorted key order")
-                     + ("" if delta else "; action bounds of this control mode are not recorded (not clipped)"),
-            "source": {"env": {"kind": kind, **section}}}
+    out = ENV_KINDS[kind].describe(task, state_dim=state_dim, action_dim=action_dim)
+    out.setdefault("cameras", _generic_cameras(num_cameras, image_size))
+    return {**out, "source": {"env": {"kind": kind, **to_dict(task)}}}
 
 
 def _section(doc: dict, key: str) -> dict:
@@ -142,7 +108,7 @@ def spec_defaults(folder: Path, cfg: PolicyConfig, norm: NormStats, config: dict
     train = read_yaml_file(folder / "train_config.yaml") if (folder / "train_config.yaml").is_file() else {}
     sft, demo = _section(config, "sft"), _section(config, "demo")
     env = _section(train, "env") or config.get("env_config") or \
-        ({"kind": "builtin", "builtin": _section(demo, "env")} if demo else {})
+        ({"kind": BUILTIN, BUILTIN: _section(demo, "env")} if demo else {})
     sampler = _section(train, "sampler")
     state_dim, action_dim = norm.state.mean.shape[0], norm.action.mean.shape[0]
     execute = train.get("execute", sft.get("execute", demo.get("execute", cfg.action_horizon)))
@@ -239,7 +205,7 @@ def export_policy(src: str | Path, out: str | Path, *, dtype: str = "bf16", over
     """Export the policy of ``src`` (see :func:`resolve_source`) to folder ``out``, written atomically. An ``out``
     that holds anything is refused before any work unless ``overwrite`` (an earlier export, or files of no known
     kind: replaced only once the new folder is complete); another kind of data (a run, a dataset ...) and an
-    ``out`` inside the source are refused whatever (:mod:`vla_rl.outputs`). ``overrides``: ExportSpec fields."""
+    ``out`` inside the source are refused whatever (:mod:`vla_rl.core.outputs`). ``overrides``: ExportSpec fields."""
     if dtype not in WEIGHT_DTYPES:
         raise ConfigError(f"dtype must be one of {list(WEIGHT_DTYPES)}, got {dtype!r}")
     folder = resolve_source(src)

@@ -40,8 +40,9 @@ from typing import Literal
 
 import torch
 
-from vla_rl.config import ConfigError, check_ranges, positive, ranged, resolve_device
+from vla_rl.core.ranges import ConfigError, check_ranges, positive, ranged
 from vla_rl.policies.exported import ExportedPolicy, ObservationError, load_exported
+from vla_rl.presets import resolve_device
 
 from .wire import WireError, pack, unpack
 

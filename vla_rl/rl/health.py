@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from vla_rl.config import check_ranges, nonneg, positive, ranged
+from vla_rl.core.ranges import check_ranges, nonneg, positive, ranged
 
 SIGNALS = ("no_signal", "collapse", "value_blind")
 HINTS = {

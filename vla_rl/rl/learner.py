@@ -16,7 +16,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from vla_rl.config import ConfigError, check_ranges, fraction, nonneg, positive, ranged
+from vla_rl.core.ranges import ConfigError, check_ranges, fraction, nonneg, positive, ranged
 from vla_rl.policies import flow
 from vla_rl.policies.actor import Actor
 from vla_rl.policies.inference import cast_weights
@@ -167,7 +167,7 @@ class Learner:
         return adv, ret, mask
 
     def update(self, ro: Rollout, *, iteration: int) -> dict[str, float]:
-        """PPO epochs over ``ro``; returns averaged metrics (fixed names, see DESIGN.md)."""
+        """PPO epochs over ``ro``; returns averaged metrics (the fixed names of docs/training.md)."""
         cfg, model = self.cfg, self.actor.model
         adv, ret, mask = self.compute_advantages(ro)
         t_len, n = ro.values.shape

@@ -29,14 +29,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from vla_rl.checkpoint.folders import read_yaml_file
-from vla_rl.config import ConfigError, from_dict, policy_preset
-from vla_rl.distributed.config import RayConfig
+from vla_rl.core.ranges import ConfigError
+from vla_rl.core.schema import from_dict
+from vla_rl.distributed.ray_config import RayConfig
 from vla_rl.policies.actor import Actor
-from vla_rl.policies.config import PolicyConfig
 from vla_rl.policies.inference import cast_weights
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
+from vla_rl.policies.policy_config import PolicyConfig
 from vla_rl.policies.recompute import activation_checkpointing
+from vla_rl.presets import policy_preset
 from vla_rl.rl.learner import Learner
 from vla_rl.rl.optim import LeanAdamW
 
@@ -412,7 +414,7 @@ def device_memory(device: torch.device) -> tuple[int, str] | None:
 
 def check_plan(train_cfg, *, device_bytes: int | None, device_name: str = "", cuda: bool = True,
                log=print, max_suggestions: int = 4) -> MemoryPlan:
-    """Print ``train_cfg``'s plan; raise :class:`~vla_rl.config.ConfigError` if it does not fit ``device_bytes``,
+    """Print ``train_cfg``'s plan; raise :class:`~vla_rl.presets.ConfigError` if it does not fit ``device_bytes``,
     naming the settings that would make it fit."""
     plan = plan_memory(train_cfg, device_bytes=device_bytes, device_name=device_name, cuda=cuda)
     log(plan.table())

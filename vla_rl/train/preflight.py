@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import math
 
+from vla_rl.envs.registry import ENV_KINDS, same_family
+
 
 def recorded_limit(init_env: dict | None, kind: str, task: str | None = None) -> int | None:
     """The episode limit the init policy's dataset recorded (its ``env_config``) for an env of ``kind`` (and,
-    for ManiSkill, ``task``); None where it recorded none or was made for another env."""
-    if not init_env or init_env.get("kind") != kind:
+    for a kind whose settings name a task, as ManiSkill's do, ``task``); None where it recorded none or was made
+    for another env."""
+    if not init_env or init_env.get("kind") != kind or kind not in ENV_KINDS:
         return None
     section = init_env.get(kind) or {}
-    if task is not None and section.get("task") not in (None, task):
+    key = ENV_KINDS[kind].task_key
+    if task is not None and key is not None and section.get(key) not in (None, task):
         return None
     limit = section.get("max_episode_steps")
     return int(limit) if limit is not None else None
@@ -37,21 +41,17 @@ def rollout_warnings(*, rollout_chunks: int, execute: int, episode_limit: int, d
     return out
 
 
-# LIBERO settings that change what the cameras show, and the value a dataset recorded before the key was
-# recorded (None: always recorded; a recording without it is not judged).
-IMAGE_KEYS = {"image_orientation": None, "reflections": True}
-
-
 def image_warnings(init_env: dict | None, kind: str, env_section: dict) -> list[str]:
     """Where the training env (``env_section``: its ``env.<kind>`` settings) renders images otherwise than the
-    init policy's LIBERO dataset did (its ``env_config``): the policy would act on pictures it never saw."""
-    if kind not in ("libero", "libero_warp") or not init_env or init_env.get("kind") not in ("libero", "libero_warp"):
+    init policy's dataset did (its ``env_config``, of the same kind or family): the policy would act on pictures it
+    never saw. The settings that matter are the kind's ``image_keys`` (LIBERO's orientation and reflections)."""
+    if not init_env or not same_family(kind, init_env.get("kind")) or not ENV_KINDS[kind].image_keys:
         return []
     recorded = init_env.get(init_env["kind"]) or {}
     if not recorded.get("cameras"):
         return []
     out = []
-    for key, old_default in IMAGE_KEYS.items():
+    for key, old_default in ENV_KINDS[kind].image_keys.items():
         if key not in env_section:
             continue
         was = recorded.get(key, old_default)

@@ -22,7 +22,8 @@ from typing import Literal
 import torch
 import yaml
 
-from vla_rl.checkpoint.folders import CheckpointError, read_yaml_file, write_atomic_folder
+from vla_rl.checkpoint.folders import read_yaml_file, write_atomic_folder
+from vla_rl.checkpoint.metrics_log import MetricsLog, summary_line
 from vla_rl.checkpoint.policy import load_any_policy, load_policy, policy_files
 from vla_rl.checkpoint.training import (
     list_checkpoints,
@@ -31,28 +32,22 @@ from vla_rl.checkpoint.training import (
     save_checkpoint,
     verify_checkpoint,
 )
-from vla_rl.config import (
-    ConfigError,
-    check_ranges,
-    from_dict,
-    merge,
-    nonneg,
-    policy_preset,
-    positive,
-    ranged,
-    resolve_device,
-    to_dict,
-)
-from vla_rl.distributed.config import RayConfig
+from vla_rl.core.errors import CheckpointError
+from vla_rl.core.outputs import RUN, check_output, clear_output
+from vla_rl.core.progress import progress
+from vla_rl.core.ranges import ConfigError, check_ranges, nonneg, positive, ranged
+from vla_rl.core.schema import from_dict, to_dict
+from vla_rl.core.threads import policy_threads, threads_note
 from vla_rl.distributed.learners import LearnerError
+from vla_rl.distributed.ray_config import RayConfig
 from vla_rl.distributed.runtime import make_runtime
-from vla_rl.env_factory import EnvConfig, make_env
+from vla_rl.envs.registry import EnvConfig, make_env
+from vla_rl.envs.workers import local_worker_processes
 from vla_rl.eval.evaluate import evaluate
-from vla_rl.outputs import RUN, check_output, clear_output
 from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.progress import progress
+from vla_rl.presets import merge, policy_preset, resolve_device
 from vla_rl.rl.health import (
     HealthConfig,
     HealthMonitor,
@@ -64,9 +59,7 @@ from vla_rl.rl.health import (
 )
 from vla_rl.rl.learner import Learner, PPOConfig
 from vla_rl.rl.rollout import collect_rollout, step_groups
-from vla_rl.threads import local_worker_processes, policy_threads, threads_note
 from vla_rl.train.memory_plan import check_plan, device_memory
-from vla_rl.train.metrics_log import MetricsLog, summary_line
 from vla_rl.train.preflight import image_warnings, recorded_limit, rollout_warnings
 
 
@@ -110,7 +103,7 @@ class TrainConfig:
     tensorboard: bool = True
     progress: bool = True
     # torch threads of this process: "auto" = the cores idle at the start less one per env worker process (at
-    # least 1), or a number (1 when several jobs start together on one machine); see vla_rl.threads
+    # least 1), or a number (1 when several jobs start together on one machine); see vla_rl.core.threads
     threads: int | Literal["auto"] = ranged("auto", 1)
     # "ray": env actors and learners on a Ray cluster as the `ray` section says (pip install 'vla-rl[ray]');
     # the same loop, and (env_actors 0) the same numbers as "local".
@@ -183,7 +176,7 @@ def _peak_memory_mb(device: torch.device) -> float:
 class Trainer:
     """One RL run in ``run_dir`` (default ``cfg.out``).
 
-    A fresh run refuses a ``run_dir`` that already holds something (:class:`~vla_rl.outputs.OutputExistsError`)
+    A fresh run refuses a ``run_dir`` that already holds something (:class:`~vla_rl.core.outputs.OutputExistsError`)
     unless ``overwrite``, in which case the old contents are removed when :meth:`run` starts. ``resume_from``
     (what :func:`resume_trainer` passes) is a training checkpoint: the policy is rebuilt from it alone (not from
     ``cfg.init``) and the optimizer, RNG and iteration are restored."""
@@ -248,7 +241,8 @@ class Trainer:
         if self.resume_from is None:   # a resumed run was warned when it started
             kind = cfg.env.kind
             init_env = init_config.get("env_config") if cfg.init else None
-            dataset_limit = recorded_limit(init_env, kind, cfg.env.maniskill.task if kind == "maniskill" else None)
+            task_key = cfg.env.info.task_key
+            dataset_limit = recorded_limit(init_env, kind, getattr(cfg.env.task, task_key) if task_key else None)
             for warning in rollout_warnings(rollout_chunks=cfg.rollout_chunks, execute=cfg.execute,
                                             episode_limit=spec.max_episode_steps, dataset_limit=dataset_limit,
                                             limit_key=f"env.{kind}.max_episode_steps"):

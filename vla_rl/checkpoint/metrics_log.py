@@ -13,7 +13,7 @@ import math
 import os
 from pathlib import Path
 
-from vla_rl.checkpoint.folders import CheckpointError
+from vla_rl.core.errors import CheckpointError
 
 SUMMARY_KEYS = [("rollout/success_once", "succ"), ("rollout/success_first", "succ1"), ("rollout/return", "ret"),
                 ("eval/success_once", "EVAL"), ("losses/policy", "pg"), ("losses/value", "vf"),

@@ -10,30 +10,23 @@ from typing import Any, Literal
 import torch
 
 from vla_rl.checkpoint.policy import load_any_policy, save_policy
-from vla_rl.config import (
-    ConfigError,
-    check_ranges,
-    from_dict,
-    nonneg,
-    policy_preset,
-    positive,
-    ranged,
-    setting,
-    to_dict,
-)
-from vla_rl.data.dataset import DemoDataset, drop_idle_frames
+from vla_rl.core.outputs import POLICY, check_output
+from vla_rl.core.progress import progress as progress_bar
+from vla_rl.core.ranges import ConfigError, check_ranges, nonneg, positive, ranged, setting
+from vla_rl.core.schema import from_dict, to_dict
+from vla_rl.core.threads import policy_threads, threads_setting, torch_threads
+from vla_rl.data.dataset import DemoDataset, drop_idle_frames, take_episodes
 from vla_rl.data.lerobot import LeRobotDatasetError, read_lerobot_dataset, read_lerobot_info
 from vla_rl.data.maniskill_demos import demo_env_config
 from vla_rl.data.maniskill_h5 import read_maniskill_h5, read_trajectory_info
-from vla_rl.env_factory import EnvConfig, make_env
+from vla_rl.envs.registry import ENV_KINDS, MANISKILL, EnvConfig, make_env
+from vla_rl.envs.workers import local_worker_processes
 from vla_rl.eval.evaluate import evaluate
-from vla_rl.outputs import POLICY, check_output
 from vla_rl.policies import flow
 from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy, count_parameters
 from vla_rl.policies.normalize import NormStats, Stats, parse_dims
-from vla_rl.progress import progress as progress_bar
-from vla_rl.threads import local_worker_processes, policy_threads, threads_setting, torch_threads
+from vla_rl.presets import policy_preset
 
 
 @dataclass(frozen=True)
@@ -165,29 +158,14 @@ def load_demos(dataset: str | Path, max_episodes: int | None = None) -> tuple[De
         meta = read_trajectory_info(path)
         env_cfg = demo_env_config(data, task=meta.task, control_mode=meta.control_mode or "pd_ee_delta_pose",
                                   obs_mode=meta.obs_mode or "state")
-        return data, {"kind": "maniskill", "maniskill": to_dict(env_cfg)}
+        return data, {"kind": MANISKILL, MANISKILL: to_dict(env_cfg)}
     info = read_lerobot_info(path)
     data = read_lerobot_dataset(path, max_episodes=max_episodes)
     origin = info.get("vla_rl") if isinstance(info.get("vla_rl"), dict) else {}
-    if origin.get("env") == "builtin":
-        return data, {"kind": "builtin", "builtin": origin.get("env_config") or {}}
-    if origin.get("env") == "maniskill":
-        return data, {"kind": "maniskill", "maniskill": origin.get("env_config") or {}}
-    if origin.get("env") == "libero":
-        return data, {"kind": "libero", "libero": origin.get("env_config") or {}}
+    kind = origin.get("env")
+    if kind in ENV_KINDS:
+        return data, {"kind": kind, kind: origin.get("env_config") or {}}
     return data, {}
-
-
-def first_episodes(data: DemoDataset, n: int) -> DemoDataset:
-    """The frames of the first ``n`` episodes (in dataset order)."""
-    keep = torch.unique_consecutive(data.episode_index)[:n]
-    mask = torch.isin(data.episode_index, keep)
-    used = sorted(set(data.task_index[mask].tolist()))
-    remap = torch.full((len(data.tasks),), -1, dtype=torch.long)
-    remap[used] = torch.arange(len(used))
-    return DemoDataset(images=data.images[mask], state=data.state[mask], action=data.action[mask],
-                       episode_index=data.episode_index[mask], frame_index=data.frame_index[mask],
-                       task_index=remap[data.task_index[mask]], tasks=[data.tasks[t] for t in used])
 
 
 def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True, overwrite: bool = False) -> dict:
@@ -212,7 +190,7 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True, ov
     path = save_sft_policy(dataset, cfg, model, norm, data, env_dict)
     print(f"saved the policy to {path}")
     results: dict = {"sft_log": log, "path": str(path)}
-    if env_dict.get("kind") in ("builtin", "maniskill") and cfg.eval_episodes > 0:
+    if env_dict.get("kind") in ENV_KINDS and ENV_KINDS[env_dict["kind"]].sft_eval and cfg.eval_episodes > 0:
         results["eval"] = evaluate_sft_policy(cfg, model, norm, env_dict, progress=progress)
     return results
 
@@ -223,7 +201,7 @@ def sft_data(dataset: str | Path, cfg: SFTRunConfig) -> tuple[DemoDataset, dict]
     if len(data) == 0:
         raise LeRobotDatasetError(f"{dataset} holds no episodes: nothing to train on")
     if cfg.max_episodes is not None:
-        data = first_episodes(data, cfg.max_episodes)
+        data = take_episodes(data, cfg.max_episodes)
     if cfg.idle_threshold is not None:
         before = len(data)
         data = drop_idle_frames(data, cfg.idle_threshold)
@@ -284,8 +262,8 @@ def save_sft_policy(dataset: str | Path, cfg: SFTRunConfig, model: FlowPolicy, n
     """The policy folder ``cfg.out``: weights, normalisation, the env it is for (what `vla-rl eval` and
     `vla-rl train init=` use by default) and how it was trained."""
     kind = env_dict.get("kind")
-    env_name = {"builtin": "builtin/color_reach",
-                "maniskill": f"maniskill/{env_dict.get('maniskill', {}).get('task')}"}.get(kind, "lerobot")
+    label = ENV_KINDS[kind].label if kind in ENV_KINDS else None
+    env_name = label(env_dict.get(kind) or {}) if label else "lerobot"
     return save_policy(cfg.out, model, norm, meta={
         "env": {"name": env_name, "state_dim": data.state.shape[1], "action_dim": data.action.shape[1]},
         "env_config": env_dict,
@@ -296,9 +274,9 @@ def save_sft_policy(dataset: str | Path, cfg: SFTRunConfig, model: FlowPolicy, n
 def evaluate_sft_policy(cfg: SFTRunConfig, model: FlowPolicy, norm: NormStats, env_dict: dict, *,
                         progress: bool) -> dict:
     """The trained policy's success on the env the dataset came from (``cfg.eval_episodes``, ``cfg.sampler``)."""
-    kind = env_dict["kind"]
     env_cfg = from_dict(EnvConfig, env_dict, prefix="dataset env")
-    n = cfg.eval_num_envs or (min(cfg.eval_episodes, 100) if kind == "builtin" else 2)
+    info = env_cfg.info   # an in-process batch is no bigger than the episodes; worker envs are processes
+    n = cfg.eval_num_envs or (min(cfg.eval_episodes, info.eval_envs) if info.batched else info.eval_envs)
     eval_seed = 10_000 + cfg.seed if cfg.eval_seed is None else cfg.eval_seed
     env = make_env(env_cfg, num_envs=n, device=torch.device("cpu"), seed=eval_seed)
     try:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..policies.ranges import check_ranges, nonneg, positive
+from vla_rl.core.ranges import check_ranges, nonneg, positive
 
 POS_SCALE, ROT_SCALE = 0.05, 0.5      # OSC_POSE output_max: metres / radians per unit action
 OPEN, CLOSE = -1.0, 1.0

@@ -31,7 +31,7 @@ DTYPE = torch.float64
 @dataclass(frozen=True)
 class OSCGains:
     """The controller's constants, read from robosuite's controller and robot (see
-    :func:`envs.libero_scene.osc_gains`). Vectors are tuples (hashable, printable)."""
+    :func:`envs.libero.scene.osc_gains`). Vectors are tuples (hashable, printable)."""
 
     kp: tuple[float, ...]               # [6] stiffness, position then orientation
     kd: tuple[float, ...]               # [6] damping: 2 sqrt(kp) * damping_ratio

@@ -1,7 +1,7 @@
 """LIBERO on MuJoCo Warp: N worlds of LIBERO tasks batched on one device (``cuda`` or ``cpu``), behind the batched
 chunk-stepping interface of :mod:`envs.base`.
 
-Each task's scene is the MJCF LIBERO / robosuite compiles (:mod:`envs.libero_scene`), put on the device once with
+Each task's scene is the MJCF LIBERO / robosuite compiles (:mod:`envs.libero.scene`), put on the device once with
 ``mujoco_warp.put_model``; its worlds live in one ``mujoco_warp`` Data. Several tasks (a suite mixed) are several
 such batches, one model each (a Warp model is one scene): world ``i`` belongs to the task of its contiguous block,
 and its instruction is that task's. Per world:
@@ -10,11 +10,11 @@ and its instruction is that task's. Per world:
   placement, the settle steps already run by robosuite; cached on disk), copied in on reset: a partial reset
   touches only the ended worlds' rows and runs no physics.
 - **Control**: robosuite's OSC_POSE controller and Panda gripper re-implemented batched in torch
-  (:mod:`envs.osc`), run at every one of the ``substeps`` (25) physics steps of an action, between
+  (:mod:`envs.libero.osc`), run at every one of the ``substeps`` (25) physics steps of an action, between
   ``mujoco_warp.step1`` (kinematics, inertia, bias forces, contacts) and ``step2`` (forces, solver, Euler), which
   is what robosuite's ``sim.forward(); controller; mj_step`` computes.
 - **Success**: LIBERO's goal predicates from the worlds' positions, joint positions and contacts
-  (:mod:`envs.bddl_predicates`). Reward: 1 at a success step (LIBERO's sparse reward); success terminates.
+  (:mod:`envs.libero.predicates`). Reward: 1 at a success step (LIBERO's sparse reward); success terminates.
 - **Observations**: ``state`` [N, 8] as the CPU adapter (end-effector position, axis-angle of the hand's
   orientation, finger positions), read from the same MuJoCo fields; ``images`` from MuJoCo Warp's batch ray-tracing
   renderer (``agentview`` and ``robot0_eye_in_hand``), oriented like the CPU adapter's (``upright`` or ``rot180``).
@@ -44,8 +44,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..policies.ranges import check_ranges, nonneg, positive, ranged
-from .base import (
+from vla_rl.core.ranges import check_ranges, nonneg, positive, ranged
+from vla_rl.envs.base import (
     ChunkBook,
     ChunkStep,
     EnvSpec,
@@ -54,8 +54,9 @@ from .base import (
     check_action_chunk,
     check_env_indices,
 )
-from .bddl_predicates import GoalEvaluator
-from .libero import (
+from vla_rl.envs.libero.osc import clip_torques, gripper_step, hinge_jacobian, osc_torques, set_goal
+from vla_rl.envs.libero.predicates import GoalEvaluator
+from vla_rl.envs.libero.robosuite_env import (
     ACTION_DIM,
     CAMERAS,
     NOOP,
@@ -66,8 +67,7 @@ from .libero import (
     Suite,
     check_task_selection,
 )
-from .libero_scene import load_task_scene
-from .osc import clip_torques, gripper_step, hinge_jacobian, osc_torques, set_goal
+from vla_rl.envs.libero.scene import load_task_scene
 
 INSTALL_HINT = ("install it with `pip install -e '.[warp]'` (mujoco-warp 3.8.1 with warp-lang 1.14.0, the versions "
                 "that work with LIBERO's mujoco 3.8.1)")
@@ -431,7 +431,7 @@ class TaskWorlds:
 
 class LiberoWarpEnv:
     """``num_envs`` LIBERO worlds on MuJoCo Warp (see the module docstring); the batched interface of
-    :mod:`envs.base`. ``scenes`` (tests): already loaded :class:`envs.libero_scene.TaskScene` s, one per task."""
+    :mod:`envs.base`. ``scenes`` (tests): already loaded :class:`envs.libero.scene.TaskScene` s, one per task."""
 
     def __init__(self, cfg: LiberoWarpConfig, num_envs: int, *, device="cpu", seed: int = 0, scenes=None):
         if num_envs < 1:

@@ -20,7 +20,7 @@ import types
 import typing
 from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
-from .ranges import ConfigError, describe_range
+from vla_rl.core.ranges import ConfigError, describe_range
 
 T = TypeVar("T")
 

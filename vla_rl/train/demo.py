@@ -20,17 +20,20 @@ from typing import Literal
 import torch
 
 from vla_rl.checkpoint.policy import save_policy
-from vla_rl.config import check_ranges, load_preset, merge, nonneg, policy_preset, positive, ranged, setting, to_dict
+from vla_rl.core.outputs import DEMO, check_output, clear_output
+from vla_rl.core.ranges import check_ranges, nonneg, positive, ranged, setting
+from vla_rl.core.schema import to_dict
+from vla_rl.core.threads import policy_threads, threads_note, threads_setting, torch_threads
 from vla_rl.data.collect import collect_builtin_demos
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
+from vla_rl.envs.registry import BUILTIN
 from vla_rl.eval.evaluate import evaluate
-from vla_rl.outputs import DEMO, check_output, clear_output
 from vla_rl.policies import flow
 from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy, count_parameters
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.sft import SFTConfig, loss_summary, train_sft
-from vla_rl.threads import policy_threads, threads_note, threads_setting, torch_threads
+from vla_rl.presets import load_preset, merge, policy_preset
+from vla_rl.train.sft import SFTConfig, loss_summary, train_sft
 from vla_rl.train.trainer import TrainConfig, Trainer
 
 
@@ -98,7 +101,7 @@ def demo_train_config(cfg: DemoConfig, sft_path: str | Path, *, out: str | Path,
     """The RL stage's :class:`~vla_rl.train.trainer.TrainConfig`: the ``rl`` preset from ``sft_path`` for
     ``rl_iterations`` iterations on the demo's task level (``overrides``, e.g. another RL ``seed``, on top)."""
     base = {"init": str(sft_path), "out": str(out), "iterations": cfg.rl_iterations,
-            "env": {"builtin": to_dict(cfg.env)}, "seed": cfg.seed, "progress": progress, "threads": cfg.threads,
+            "env": {BUILTIN: to_dict(cfg.env)}, "seed": cfg.seed, "progress": progress, "threads": cfg.threads,
             "eval_every": max(1, cfg.rl_iterations // 4)}
     # only the stabilisers asked for: unset ones keep the preset's values
     ppo = {"critic_warmup_iters": cfg.rl_critic_warmup, "actor_lr_warmup_iters": cfg.rl_actor_lr_warmup,

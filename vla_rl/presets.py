@@ -7,7 +7,7 @@ only overrides fields.
 - :func:`resolve_device` checks a ``device`` setting against this machine.
 
 The schema itself (:func:`from_dict`, :func:`to_dict`, declared ranges, field docs) is the policy package's
-(:mod:`vla_rl.policies.schema`, :mod:`vla_rl.policies.ranges`), which envs/ and policies/ use too; it is
+(:mod:`vla_rl.core.schema`, :mod:`vla_rl.core.ranges`), which envs/ and policies/ use too; it is
 re-exported here, where the rest of the framework looks for it. Derived values live in properties of the
 dataclasses, never in fields rewritten later.
 """
@@ -19,8 +19,7 @@ from typing import TypeVar
 
 import yaml
 
-from vla_rl.policies.config import PolicyConfig
-from vla_rl.policies.ranges import (  # noqa: F401  (re-exported: see the module docstring)
+from vla_rl.core.ranges import (  # noqa: F401  (re-exported: see the module docstring)
     ConfigError,
     check_ranges,
     describe_range,
@@ -30,7 +29,8 @@ from vla_rl.policies.ranges import (  # noqa: F401  (re-exported: see the module
     ranged,
     setting,
 )
-from vla_rl.policies.schema import config_help, from_dict, to_dict  # noqa: F401  (re-exported)
+from vla_rl.core.schema import config_help, from_dict, to_dict  # noqa: F401  (re-exported)
+from vla_rl.policies.policy_config import PolicyConfig
 
 
 def _config_dir() -> Path:
@@ -111,7 +111,7 @@ def load_preset(cls: type[T], group: str, name: str, overrides: dict | None = No
 
 
 def policy_preset(name: str, overrides: dict | None = None):
-    """A model preset (:class:`~vla_rl.policies.config.PolicyConfig`) from ``configs/model/<name>.yaml`` (or a
+    """A model preset (:class:`~vla_rl.policies.policy_config.PolicyConfig`) from ``configs/model/<name>.yaml`` (or a
     YAML path), with optional overrides. It lives here, not in ``policies/``, which imports nothing of vla_rl."""
     return load_preset(PolicyConfig, "model", name, overrides)
 

@@ -3,8 +3,8 @@
 :func:`load_task_scene` builds the task's robosuite env through :class:`envs.libero.LiberoSingleEnv` (so the MJCF
 is the one LIBERO compiles from its installed assets) and reads out what the batched env needs as plain arrays:
 the compiled ``MjModel``, the Panda's joint / actuator / site indices, the OSC_POSE controller's constants
-(:class:`envs.osc.OSCGains`, read from robosuite's controller, not restated), the goal predicates
-(:mod:`envs.bddl_predicates`), and, per initial state, the state an episode starts from.
+(:class:`envs.libero.osc.OSCGains`, read from robosuite's controller, not restated), the goal predicates
+(:mod:`envs.libero.predicates`), and, per initial state, the state an episode starts from.
 
 An episode start is the CPU adapter's: LIBERO's shipped initial state set after a seeded reset, then the settle
 steps (no-op actions) run by robosuite itself, with the controller's orientation goal, the gripper's finger
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .bddl_predicates import GoalSpec, goal_spec
-from .cache import cache_dir
-from .libero import LiberoConfig, LiberoSingleEnv
-from .osc import OSCGains
+from vla_rl.core.paths import cache_dir
+from vla_rl.envs.libero.osc import OSCGains
+from vla_rl.envs.libero.predicates import GoalSpec, goal_spec
+from vla_rl.envs.libero.robosuite_env import LiberoConfig, LiberoSingleEnv
 
 
 class UnsupportedController(ValueError):
@@ -232,7 +232,7 @@ def load_task_scene(suite: str, task_id: int, init_state_ids: list[int] | None =
 
 
 def _check_arm_chain(model, arm_joints: np.ndarray, eef_site: int) -> None:
-    """The Jacobian of :func:`envs.osc.hinge_jacobian` needs hinge joints that all move the end-effector site."""
+    """The Jacobian of :func:`envs.libero.osc.hinge_jacobian` needs hinge joints that all move the end-effector site."""
     import mujoco
 
     body = int(model.site_bodyid[eef_site])

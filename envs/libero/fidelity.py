@@ -1,7 +1,8 @@
 """How close LIBERO on MuJoCo Warp (``env.kind: libero_warp``) is to robosuite-LIBERO, measured on the same states.
 
-The reference is the CPU adapter (:class:`vla_rl.envs.libero.LiberoSingleEnv`, i.e. robosuite and MuJoCo in
-float64); the other side is :class:`vla_rl.envs.libero_warp.TaskWorlds` (or the whole env) on the same task,
+The reference is the CPU adapter (:class:`vla_rl.envs.libero.robosuite_env.LiberoSingleEnv`, i.e. robosuite and
+MuJoCo in float64); the other side is :class:`vla_rl.envs.libero.warp_env.TaskWorlds` (or the whole env) on the same
+task,
 initial state and actions. Each function returns plain numbers, used by ``tests/test_libero_warp.py`` (with
 tolerances) and ``benchmarks/bench_libero_warp.py`` (which reports them):
 
@@ -23,9 +24,9 @@ import contextlib
 import numpy as np
 import torch
 
-from vla_rl.envs.bddl_predicates import GoalEvaluator, goal_spec
-from vla_rl.envs.libero import NOOP
-from vla_rl.envs.osc import clip_torques, osc_torques
+from vla_rl.envs.libero.osc import clip_torques, osc_torques
+from vla_rl.envs.libero.predicates import GoalEvaluator, goal_spec
+from vla_rl.envs.libero.robosuite_env import NOOP
 
 
 # ------------------------------------------------------------------------------------------------ controller
@@ -130,7 +131,7 @@ def libero_atoms(single, task_id: int, states: list[np.ndarray], fixture_init_id
                  goal=None) -> tuple[np.ndarray, np.ndarray | None]:
     """LIBERO's own predicates (``_eval_predicate``) of the task's goal atoms at each state, after ``sim.forward()``
     (fixtures: those of the episode start ``fixture_init_id``): ``[len(states), K]`` bool. With ``goal`` (a
-    :class:`~vla_rl.envs.bddl_predicates.GoalSpec`), also the batched predicates fed with the same MuJoCo data
+    :class:`~vla_rl.envs.libero.predicates.GoalSpec`), also the batched predicates fed with the same MuJoCo data
     (positions, orientations, joint positions and contacts of the float64 simulation), else None."""
 
     single.reset_to(task_id, fixture_init_id)
@@ -220,7 +221,7 @@ def rollout_cpu(single, task_id: int, init_state_id: int, actions: np.ndarray, b
 
 
 def rollout_warp(worlds, init_state_id: int, actions: np.ndarray, bodies: list[int]) -> dict:
-    """The same for a :class:`~vla_rl.envs.libero_warp.TaskWorlds` (every world runs the same actions from the
+    """The same for a :class:`~vla_rl.envs.libero.warp_env.TaskWorlds` (every world runs the same actions from the
     same start; ``[T+1, n, 3]`` / ``[T+1, n, B, 3]`` / ``[T, n]``)."""
     n, dev = worlds.n, worlds.device
     rows = torch.arange(n, device=dev)
@@ -373,7 +374,7 @@ def expert_actions_cpu(single, task_id: int, init_id: int, max_steps: int) -> np
 
 
 def expert_episodes_warp(worlds, init_ids: list[int], max_steps: int) -> list[dict]:
-    """The same in a :class:`~vla_rl.envs.libero_warp.TaskWorlds` of ``len(init_ids)`` worlds, all at once."""
+    """The same in a :class:`~vla_rl.envs.libero.warp_env.TaskWorlds` of ``len(init_ids)`` worlds, all at once."""
     n, dev = worlds.n, worlds.device
     if n != len(init_ids):
         raise ValueError(f"{len(init_ids)} init states need {len(init_ids)} worlds, got {n}")

@@ -17,13 +17,12 @@ import contextlib
 import math
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Literal
 
 import torch
 
-from vla_rl.config import ranged
-from vla_rl.envs.workers import WorkerVectorEnv
+from vla_rl.core.ranges import ranged
 
 Threads = int | Literal["auto"]
 
@@ -117,7 +116,7 @@ def threads_setting():
     """The ``threads`` field of a job's config."""
     return ranged("auto", 1, doc="torch threads of this process: auto = the cores idle at the start less one per env "
                                  "worker process (at least 1), or a number (1 when several jobs start together on one "
-                                 "machine); see vla_rl/threads.py")
+                                 "machine); see vla_rl/core/threads.py")
 
 
 def policy_threads(setting: Threads, *, worker_processes: int = 0, cores: int | None = None,
@@ -151,16 +150,6 @@ def threads_note(setting: Threads, count: int, *, worker_processes: int = 0) -> 
     if cores - worker_processes <= 1:
         return f"{count} (threads=auto: {cores} core(s){workers})"
     return f"{count} (threads=auto: {idle_cores(cores, measured_busy_cores())} of {cores} cores idle{workers})"
-
-
-def local_worker_processes(envs: Iterable) -> int:
-    """The env worker processes on this machine behind ``envs`` (each env counted once; in-process envs and
-    Ray env actors, which may run elsewhere and set their own threads, count 0)."""
-    seen: dict[int, int] = {}
-    for env in envs:
-        if env is not None and isinstance(env, WorkerVectorEnv):
-            seen[id(env)] = env.num_workers
-    return sum(seen.values())
 
 
 @contextlib.contextmanager

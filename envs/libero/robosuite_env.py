@@ -40,11 +40,11 @@ from typing import Literal
 
 import numpy as np
 
-from ..policies.ranges import check_ranges, nonneg, ranged
-from .base import EnvSpec, SimulatorUnavailable
-from .cache import cache_dir
-from .libero_reward import Shaping
-from .mujoco_substeps import SplitSubsteps
+from vla_rl.core.paths import cache_dir
+from vla_rl.core.ranges import check_ranges, nonneg, ranged
+from vla_rl.envs.base import DELTA_POSE_ACTIONS, EnvSpec, SimulatorUnavailable
+from vla_rl.envs.libero.reward import Shaping
+from vla_rl.envs.libero.substeps import SplitSubsteps
 
 SETUP_HINT = "run `PY=.venv/bin/python bash scripts/setup_libero.sh` (or `make sims`) to install LIBERO"
 
@@ -78,7 +78,7 @@ def setup_libero_env_vars() -> Path:
 
     Must run before ``import libero.libero`` (which prompts on stdin without a config) and before
     mujoco / robosuite are imported (they read ``MUJOCO_GL`` once). The default config folder is
-    ``libero/`` in :func:`~vla_rl.envs.cache.cache_dir` (``<repo>/.cache`` in a checkout), written by
+    ``libero/`` in :func:`~vla_rl.core.paths.cache_dir` (``<repo>/.cache`` in a checkout), written by
     ``scripts/setup_libero.sh``.
     """
     os.environ.setdefault("MUJOCO_GL", "egl")
@@ -166,14 +166,14 @@ class LiberoConfig:
     state_mode: Literal["robot", "robot+objects"] = "robot"
     state_objects: int = ranged(2, 1, 8)
     # "sparse": LIBERO's 1.0 on success. "shaped": that plus shaping_scale x the change of a progress potential
-    # (envs.libero_reward: reach, grasp, carry to the target), so an episode's shaping sums to phi_end - phi_start.
+    # (envs.libero.reward: reach, grasp, carry to the target), so an episode's shaping sums to phi_end - phi_start.
     reward: Literal["sparse", "shaped"] = "sparse"
     shaping_scale: float = nonneg(1.0)
     # MuJoCo's mirror reflections (the table and floor), which redraw the scene once more per image. False about
     # halves a camera render's CPU cost on llvmpipe (benchmarks/bench_libero_cost.py), but the images then differ
     # from LIBERO's standard renders (openpi's dataset): demos, training and evaluation must agree on it.
     reflections: bool = True
-    # Each physics substep with one MuJoCo forward pass instead of robosuite's three (envs.mujoco_substeps):
+    # Each physics substep with one MuJoCo forward pass instead of robosuite's three (envs.libero.substeps):
     # the same trajectories bit for bit (tested), ~1.5x fewer CPU seconds a state-only step. False: robosuite's
     # own substep loop.
     fast_substeps: bool = True
@@ -235,7 +235,7 @@ class LiberoSingleEnv:
         self.init_state_id: int | None = None
         self.instruction = ""
         self._objects: list[int] = []        # body ids of the objects of interest in the state
-        self._shaping = None                 # envs.libero_reward.Shaping of the episode (reward="shaped")
+        self._shaping = None                 # envs.libero.reward.Shaping of the episode (reward="shaped")
 
     # ------------------------------------------------------------------------------------------------
     @property
@@ -472,3 +472,23 @@ class LiberoSingleEnv:
             env.close()
         self._envs.clear()
         self._env, self._raw, self._done = None, None, True
+
+
+# What LIBERO's observations and actions mean (the adapters' docstrings, in data form), the same on either backend.
+LIBERO_STATE = (["eef_pos_x", "eef_pos_y", "eef_pos_z", "eef_axis_angle_x", "eef_axis_angle_y", "eef_axis_angle_z",
+                 "gripper_qpos_left", "gripper_qpos_right"], ["m", "m", "m", "rad", "rad", "rad", "m", "m"])
+LIBERO_CAMERA_ALIASES = {"agentview": ["image"], "wrist": ["wrist_image"]}   # openpi's LIBERO example keys
+
+
+def describe_robot(task: LiberoConfig, *, state_dim: int, action_dim: int) -> dict:
+    """What a LIBERO env's state, actions and cameras mean, for an exported policy's spec (robosuite or Warp alike:
+    the same robot, controller and observations)."""
+    names, units = LIBERO_STATE
+    return {"control_mode": "libero:OSC_POSE (delta end-effector pose)", "action_low": -1.0, "action_high": 1.0,
+            "state_names": names if state_dim == 8 else [], "state_units": units if state_dim == 8 else [],
+            "action_names": DELTA_POSE_ACTIONS if action_dim == 7 else [],
+            "action_units": ["normalized [-1, 1]"] * 7 if action_dim == 7 else [],
+            "cameras": [{"name": c, "height": task.image_size, "width": task.image_size,
+                         "aliases": LIBERO_CAMERA_ALIASES[c]} for c in task.cameras],
+            "notes": f"gripper: -1 opens, +1 closes. Images: {task.image_orientation} orientation "
+                     "(rot180 is the OpenVLA / openpi LIBERO convention)."}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from vla_rl.config import ConfigError, check_ranges, nonneg, positive, ranged, setting
+from vla_rl.core.ranges import ConfigError, check_ranges, nonneg, positive, ranged, setting
 
 STRATEGIES = ("auto", "PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 

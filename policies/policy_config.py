@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .ranges import check_ranges, nonneg, positive, ranged, setting
+from vla_rl.core.ranges import check_ranges, nonneg, positive, ranged, setting
 
 
 @dataclass(frozen=True)

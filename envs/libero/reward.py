@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from .libero_expert import MAX_OPENING, PickPlace, Scene, plan_goal, read_scene, support_height, upright_axes
+from vla_rl.envs.libero.expert import MAX_OPENING, PickPlace, Scene, plan_goal, read_scene, support_height, upright_axes
 
 
 def box_distance(point: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> float:

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from vla_rl.checkpoint.folders import CheckpointError
-from vla_rl.config import ConfigError, from_dict
-from vla_rl.env_factory import EnvConfig
-from vla_rl.envs.libero import ACTION_DIM, LiberoConfig
+from vla_rl.core.errors import CheckpointError
+from vla_rl.core.ranges import ConfigError
+from vla_rl.core.schema import from_dict
+from vla_rl.envs.libero.robosuite_env import ACTION_DIM, LiberoConfig
+from vla_rl.envs.registry import LIBERO, EnvConfig, same_family
 
 OFFICIAL_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10")
 CAMERA_SETS = {0: (), 1: ("agentview",), 2: ("agentview", "wrist")}   # model cameras -> LIBERO cameras (0: state only)
@@ -45,7 +46,7 @@ def libero_env_config(config: dict, model_cfg, env_overrides: dict | None = None
     base: dict = {"image_orientation": DATASET_ORIENTATION}
     train_env = train_env or config.get("env_config")
     kind = train_env.get("kind") if isinstance(train_env, dict) else None
-    if kind in ("libero", "libero_warp"):   # a policy trained on either backend sees the same observations
+    if same_family(kind, LIBERO):   # a policy trained on either backend sees the same observations
         own = {f.name for f in fields(LiberoConfig)}
         base = {k: v for k, v in (EnvConfig.upgrade(train_env).get(kind) or {}).items()
                 if k in own and k not in NOT_INHERITED}
@@ -84,3 +85,4 @@ def libero_env_config(config: dict, model_cfg, env_overrides: dict | None = None
         return from_dict(LiberoConfig, opts, prefix="env")
     except ValueError as e:   # LiberoConfig's own validation
         raise ConfigError(str(e)) from None
+
