@@ -35,12 +35,12 @@ install: $(VENV)/.installed sims
 demo: install
 	$(VENV)/bin/vla-rl demo
 
-# Ray for tests/test_ray.py (the `ray` extra); `make install` / `make demo` do not need it.
+# Ray for tests/distributed/test_ray.py (the `ray` extra); `make install` / `make demo` do not need it.
 $(VENV)/.ray: $(VENV)/.installed pyproject.toml | $(VENV)/.libero
 	$(PY) -m pip install --quiet -e ".[train,test,ray]"
 	touch $@
 
-# MuJoCo Warp for tests/test_libero_warp.py (the `warp` extra, pinned to LIBERO's mujoco); after Ray (order only).
+# MuJoCo Warp for tests/envs/libero/test_libero_warp.py (the `warp` extra, pinned to LIBERO's mujoco); after Ray (order only).
 # Then its smoke run, which compiles the CPU kernels the tests use (minutes, once: cached in ~/.cache/warp), so that
 # compiling is part of the install and not of the tests' time.
 $(VENV)/.warp: $(VENV)/.installed pyproject.toml | $(VENV)/.libero $(VENV)/.ray

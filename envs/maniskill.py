@@ -349,7 +349,7 @@ class ManiSkillSingleEnv:
         Why: the physics carries state from one episode to the next. The same seed and the same actions give
         a trajectory that differs by up to 1.4 cm once the gripper touches the cube, depending on the episodes
         before (the order in which PhysX found its contact pairs); after a rebuild it is bit-identical to a new
-        env's (``tests/test_maniskill.py -k history``)."""
+        env's (``tests/envs/test_maniskill.py -k history``)."""
         self._rebuild = True
 
     def step(self, action: np.ndarray) -> tuple[dict, float, bool, bool, bool]:

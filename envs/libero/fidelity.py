@@ -3,7 +3,7 @@
 The reference is the CPU adapter (:class:`vla_rl.envs.libero.robosuite_env.LiberoSingleEnv`, i.e. robosuite and
 MuJoCo in float64); the other side is :class:`vla_rl.envs.libero.warp_env.TaskWorlds` (or the whole env) on the same
 task,
-initial state and actions. Each function returns plain numbers, used by ``tests/test_libero_warp.py`` (with
+initial state and actions. Each function returns plain numbers, used by ``tests/envs/libero/test_libero_warp.py`` (with
 tolerances) and ``benchmarks/bench_libero_warp.py`` (which reports them):
 
 - :func:`record_controller` / :func:`warp_torques`: the joint torques robosuite's OSC computed at every physics

@@ -14,10 +14,11 @@ acceleration, constraints, acceleration sensors) and integrates. Inside :class:`
 ``mj_step``). What is compared is MuJoCo's own integration state minus the three inputs only ``mj_step2``
 reads (ctrl, applied joint and body forces), which the controller writes in between.
 
-Checked, not assumed: tests/test_libero_expert.py plays a whole expert episode from a sampled placement both ways
-and compares every state, action and the final MuJoCo state exactly; tests/test_mujoco_substeps.py does the same
-for robosuite's substep pattern on a small model with contacts. The RK4 integrator, which ``mj_step2`` does not
-implement (it falls back to Euler), is left to robosuite's own loop.
+Checked, not assumed: tests/envs/libero/test_libero_expert.py plays a whole expert episode from a sampled placement
+both ways and compares every state, action and the final MuJoCo state exactly;
+tests/envs/libero/test_mujoco_substeps.py does the same for robosuite's substep pattern on a small model with
+contacts. The RK4 integrator, which ``mj_step2`` does not implement (it falls back to Euler), is left to robosuite's
+own loop.
 """
 
 from __future__ import annotations

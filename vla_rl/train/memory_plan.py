@@ -10,7 +10,7 @@ Activations are simulated: the update's forward and backward of one micro-batch 
 the meta device while a dispatch mode adds up the bytes of every tensor alive at each moment (:class:`LiveBytes`),
 with the run's activation checkpointing; on CUDA the attention is counted as the fused kernels keep it (q, k, v,
 output and log-sum-exp saved, no [L, L] matrix) and the matmuls in bf16 under autocast (``bf16=true``). Checked
-against measured peaks on the CPU (tests/test_memory_plan.py); what the CUDA allocator adds (fragmentation, cuBLAS
+against measured peaks on the CPU (tests/train/test_memory_plan.py); what the CUDA allocator adds (fragmentation, cuBLAS
 workspaces, the CUDA context) is covered by ``RESERVE``.
 """
 

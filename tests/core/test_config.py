@@ -114,7 +114,7 @@ def test_every_shipped_preset_loads_and_its_model_builds():
     from vla_rl.presets import load_preset, policy_preset
     from vla_rl.train.trainer import TrainConfig
 
-    root = Path(__file__).resolve().parent.parent / "configs"
+    root = Path(__file__).resolve().parents[2] / "configs"
     experiments = sorted(p.stem for p in (root / "experiment").glob("*.yaml"))
     assert {"builtin_flow_sde", "maniskill_pushcube_flow_sde", "maniskill_pushcube_gpu",
             "maniskill_pickcube_flow_noise", "libero_spatial_flow_noise", "libero_spatial_flow_sde"} <= set(experiments)
@@ -140,7 +140,7 @@ def test_a_built_wheel_carries_the_presets(tmp_path):
     from pathlib import Path
 
     pytest.importorskip("setuptools")
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(root), "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(tmp_path / "wheel")], check=True, capture_output=True)
     (wheel,) = (tmp_path / "wheel").glob("vla_rl-*.whl")

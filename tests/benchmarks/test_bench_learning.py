@@ -13,7 +13,7 @@ from vla_rl.presets import load_preset
 from vla_rl.train.sft import SFTRunConfig
 from vla_rl.train.trainer import TrainConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SPEC = importlib.util.spec_from_file_location("bench_learning", ROOT / "benchmarks" / "bench_learning.py")
 bench = importlib.util.module_from_spec(SPEC)
 sys.modules["bench_learning"] = bench

@@ -2,7 +2,7 @@
 dataset layout (record a few random-policy episodes, read them back, SFT on them).
 
 The real-LIBERO tests share one recorded dataset and one SFT policy (module fixtures); they need LIBERO
-like tests/test_libero.py and are skipped with ``VLA_RL_SKIP_SIMULATORS=1``. Images are 32 px and
+like tests/envs/libero/test_libero.py and are skipped with ``VLA_RL_SKIP_SIMULATORS=1``. Images are 32 px and
 episodes 12 steps, so the module takes well under a minute of simulation on a CPU.
 """
 

@@ -2,9 +2,9 @@
 expert-facing settings (objects in the state, sampled placements).
 
 The pure parts are tested on hand-made scenes against known answers. The simulator tests need LIBERO like
-tests/test_libero.py: the default suite runs one whole expert episode of a LIBERO-Object and a LIBERO-Spatial
-task from an official init state (state only, ~80-130 steps each); the slow test runs the expert on every task of
-both suites.
+tests/envs/libero/test_libero.py: the default suite runs one whole expert episode of a LIBERO-Object and a
+LIBERO-Spatial task from an official init state (state only, ~80-130 steps each); the slow test runs the expert on
+every task of both suites.
 """
 
 import math

@@ -22,7 +22,7 @@ from vla_rl.core.errors import CheckpointError
 from vla_rl.policies import flow, load_exported
 from vla_rl.policies.tokenizer import SentencePieceTokenizer, TokenizerError, discretize_state, pi05_prompt
 
-FIXTURES = Path(__file__).parent / "fixtures" / "lerobot_pi_tiny" / "lerobot-0.4.4"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot_pi_tiny" / "lerobot-0.4.4"
 TINY = {"vision": {"num_heads": 2}}
 WORDS = ["pick", "up", "the", "red", "cube", "push", "blue", "block", "to", "left", "open", "drawer", "close",
          "put", "bowl", "on", "plate", "reach", "target", "go"]

@@ -454,7 +454,7 @@ def _bench_script():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_libero_warp.py"
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_libero_warp.py"
     spec = importlib.util.spec_from_file_location("bench_libero_warp", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -27,7 +27,7 @@ from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.normalize import NormStats, Stats, actions_from_model, actions_to_model, state_to_model
 from vla_rl.presets import policy_preset
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,9 @@
-"""The built-in ColorReach task: chunk stepping, partial resets, metrics, expert, input errors."""
+"""The built-in ColorReach task: chunk stepping, partial resets, metrics, expert, input errors, and the env
+contract every adapter passes (tests/contract.py)."""
 
 import pytest
 import torch
+from contract import check_env_contract
 
 from vla_rl.envs.builtin import COLORS, QUADRANTS, ColorReachConfig, ColorReachEnv
 
@@ -75,6 +77,16 @@ def test_partial_reset_leaves_other_envs_untouched():
     assert out.terminated[0] and out.success[0] and out.rewards[0, 0] > 1.0
     assert out.episodes["env_index"].tolist() == [0] and out.episodes["success_once"].tolist() == [True]
     assert torch.equal(env.targets[1:], targets[1:]) and torch.equal(env.pos[1:], pos0[1:])
+
+
+def test_builtin_env_passes_the_contract():
+    check_env_contract(ColorReachEnv(4, config=ColorReachConfig(max_episode_steps=6)))
+
+
+def test_builtin_env_resets_one_env_in_place_and_leaves_the_others():
+    """Target control with long steps: env 0, sent to its goal, succeeds within a chunk or two."""
+    env = ColorReachEnv(4, config=ColorReachConfig(control="target", step_size=0.4, max_episode_steps=8))
+    check_env_contract(env, end_first=lambda e: e.goal_position()[0])
 
 
 def test_fixed_layout_puts_each_colour_in_its_quadrant_and_shuffled_does_not():

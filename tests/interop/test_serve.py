@@ -34,7 +34,7 @@ from vla_rl.policies import load_exported  # noqa: E402
 
 # openpi-client 0.1.2 opens its connection without a context manager, which websockets >= 14 warns about.
 pytestmark = pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 30   # seconds any one network step may take (2 shared CPU cores)
 
 

@@ -97,8 +97,8 @@ def test_two_sharded_learners_take_the_step_of_one_learner(sharded, case):
     weights = load_file(sharded / f"{case}_weights.safetensors")
     reference = dict(one.actor.model.named_parameters())
     assert weights.keys() == reference.keys()
-    # Tolerance as for the replicated learners (tests/test_distributed.py): the halves' gradients are summed in
-    # another order, and Adam scales rounding noise of near-zero gradients to steps of size lr.
+    # Tolerance as for the replicated learners (tests/distributed/test_distributed.py): the halves' gradients are
+    # summed in another order, and Adam scales rounding noise of near-zero gradients to steps of size lr.
     with torch.no_grad():
         want = torch.cat([(reference[n] - start[n]).flatten() for n in start])
         have = torch.cat([(weights[n] - start[n]).flatten() for n in start])

@@ -103,7 +103,7 @@ def test_stats_match_numpy(dataset, demos):
 
 
 # Where scripts/fixtures/lerobot_side_env.sh built it: current LeRobot, to load what we write with its own code.
-LEROBOT_SIDE = Path(__file__).resolve().parents[1] / ".cache" / "side" / "lerobot-0.6.1" / "bin" / "python"
+LEROBOT_SIDE = Path(__file__).resolve().parents[2] / ".cache" / "side" / "lerobot-0.6.1" / "bin" / "python"
 LEROBOT_CHECK = """
 import sys, torch
 from lerobot.datasets.lerobot_dataset import LeRobotDataset

@@ -32,7 +32,7 @@ from vla_rl.train.trainer import TrainConfig, Trainer, TrainingError, resume_tra
 
 SMALL = {"depth": 1, "vision": {"depth": 1}, "prefix": {"width": 32, "mlp_dim": 64},
          "expert": {"width": 32, "mlp_dim": 64}, "value_hidden": 32}
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 QUIET = lambda *_: None  # noqa: E731
 
 
@@ -109,7 +109,7 @@ def test_two_ray_learners_give_the_metrics_and_weights_of_a_local_run(cluster, s
         assert type(resumed.learner).__name__ == "Learner"
 
 
-@pytest.mark.slow   # ~30 s on 2 shared cores; tests/test_fsdp.py checks the sharded step itself by default
+@pytest.mark.slow   # ~30 s on 2 shared cores; tests/distributed/test_fsdp.py checks the sharded step itself by default
 def test_two_sharded_ray_learners_give_the_metrics_and_checkpoints_of_a_local_run(cluster, sft, local_run, tmp_path):
     """``ray.sharding=fsdp``: the two learner actors shard the weights and Adam's moments (FSDP2 over gloo); the run
     has the local run's metrics, and its checkpoints (gathered) hold the local run's weights and optimizer state."""
@@ -275,7 +275,7 @@ def test_a_run_on_a_two_node_cluster_spreads_its_env_actors(sft, tmp_path):
 
 def test_env_actor_pool_equals_the_same_envs_in_process(cluster):
     """Step by step, across partial resets, with a render (the process pool runs the same EnvGroup code,
-    tests/test_workers.py)."""
+    tests/envs/test_workers.py)."""
     factory = functools.partial(ColorReachSingleEnv, ColorReachConfig(max_episode_steps=6))
     actors = RayVectorEnv(factory, 5, num_actors=2, actor_options=lambda w: {"num_cpus": 0.5}, timeout=120)
     procs = InProcessPool(factory, 5, envs_per_worker=3)

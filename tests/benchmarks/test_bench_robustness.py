@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SPEC = importlib.util.spec_from_file_location("bench_robustness", ROOT / "benchmarks" / "bench_robustness.py")
 bench = importlib.util.module_from_spec(SPEC)
 sys.modules["bench_robustness"] = bench

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from helpers import SKIP_SIMULATORS as SKIP
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPEC = importlib.util.spec_from_file_location("bench_libero_cost", ROOT / "benchmarks" / "bench_libero_cost.py")
 bench = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(bench)

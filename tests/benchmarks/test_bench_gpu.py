@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPEC = importlib.util.spec_from_file_location("bench_gpu", ROOT / "benchmarks" / "bench_gpu.py")
 bench_gpu = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(bench_gpu)

@@ -1,7 +1,7 @@
 """envs/libero/substeps.py: robosuite's substep pattern (forward, a controller reading the state and forwarding
 again, ctrl written, step) inside SplitSubsteps gives the plain loop's trajectory bit for bit, with one forward
 pass a substep. A small MuJoCo model with contacts stands in for robosuite's sim; the LIBERO end-to-end check
-(whole expert episodes both ways) is in tests/test_libero_expert.py."""
+(whole expert episodes both ways) is in tests/envs/libero/test_libero_expert.py."""
 
 from contextlib import nullcontext
 from types import SimpleNamespace

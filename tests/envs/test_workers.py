@@ -9,20 +9,10 @@ import pytest
 import torch
 from contract import check_env_contract, check_partial_reset
 
-from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv, ColorReachSingleEnv
+from vla_rl.envs.builtin import ColorReachConfig, ColorReachSingleEnv
 from vla_rl.envs.workers import WorkerError, WorkerVectorEnv
 
 SHORT = ColorReachConfig(max_episode_steps=6)
-
-
-def test_builtin_env_passes_the_contract():
-    check_env_contract(ColorReachEnv(4, config=SHORT))
-
-
-def test_builtin_env_resets_one_env_in_place_and_leaves_the_others():
-    """Target control with long steps: env 0, sent to its goal, succeeds within a chunk or two."""
-    env = ColorReachEnv(4, config=ColorReachConfig(control="target", step_size=0.4, max_episode_steps=8))
-    check_env_contract(env, end_first=lambda e: e.goal_position()[0])
 
 
 class _EndsOnRequest(ColorReachSingleEnv):

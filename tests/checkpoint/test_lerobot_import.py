@@ -18,7 +18,7 @@ from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy, count_parameters
 from vla_rl.presets import policy_preset
 
-ROOT = Path(__file__).parent / "fixtures" / "lerobot_pi_tiny"
+ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot_pi_tiny"
 GENERATIONS = ["lerobot-0.4.4", "lerobot-0.5.1", "lerobot-0.6.1"]   # tied embedding; untied (+ relative actions)
 FIXTURES = ROOT / "lerobot-0.4.4"   # the mechanics below (masks, cache, refusals) on the first generation
 KINDS = ["pi0", "pi05"]
