@@ -35,7 +35,8 @@ from vla_rl.policies.lora import LoRAConfig, merge_lora
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.presets import policy_preset
-from vla_rl.rl.learner import Learner, PPOConfig
+from vla_rl.rl.algorithms import PPO, PPOConfig
+from vla_rl.rl.learner import Learner, LearnerConfig
 from vla_rl.rl.rollout import Rollout
 
 
@@ -145,12 +146,12 @@ def planned_gib(args, method: str, parts: str, train: str, cuda: bool) -> str:
     from vla_rl.train.memory_plan import GIB, plan_memory
     from vla_rl.train.trainer import TrainConfig
 
-    ppo = {"minibatches": 1, "update_epochs": 1, "grad_checkpointing": parts,
+    learner = {"minibatches": 1, "update_epochs": 1, "grad_checkpointing": parts,
            **({"freeze_prefix": True} if train == "freeze_prefix" else {}),
            **({"lora": {"rank": 16}} if train == "lora" else {})}
     cfg = from_dict(TrainConfig, {"model": args.model, "bf16": True, "env": {"num_envs": args.ppo_batch},
                                   "rollout_chunks": 1, "sampler": {"num_steps": args.num_steps, "method": method},
-                                  "ppo": ppo})
+                                  "learner": learner})
     plan = plan_memory(cfg, cuda=cuda)
     # the bench's update holds no sampling activations beside it: the update's rows alone
     total = sum(b for what, b, _ in plan.rows if not what.startswith("sampling"))
@@ -161,8 +162,8 @@ def one_update(model: FlowPolicy, actor: Actor, method: str, parts: str, args, d
                train: str = "full") -> tuple[str, str]:
     """Update time (ms) and peak memory (GiB) of one PPO update; "out of memory" if it does not fit."""
     ro = synthetic_rollout(model, actor, args.ppo_batch, method, args.num_steps, device)
-    learner = Learner(actor, PPOConfig(update_epochs=1, minibatches=1, grad_checkpointing=parts, **TRAIN[train]),
-                      bf16=True)
+    learner = Learner(actor, LearnerConfig(update_epochs=1, minibatches=1, grad_checkpointing=parts, **TRAIN[train]),
+                      PPO(PPOConfig()), bf16=True)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     try:

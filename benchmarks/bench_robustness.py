@@ -1,8 +1,10 @@
 """How reliably the quickstart recipe lifts: `vla-rl demo`'s SFT policy, then its RL stage, over RL seeds and
-torch thread counts, for each method. The lift is the after-RL minus SFT success of the demo's own evaluation
-(ODE sampler, ``eval_episodes`` fixed-seed episodes from 10,000).
+torch thread counts, for each method (PPO with Flow-Noise / Flow-SDE, GRPO, RLOO, DAPO, FPO++: the presets of
+PRESETS, which differ from the demo's Flow-SDE preset in the method alone, at equal env-steps). The lift is the
+after-RL minus SFT success of the demo's own evaluation (ODE sampler, ``eval_episodes`` fixed-seed episodes from
+10,000).
 
-    python benchmarks/bench_robustness.py [--methods noise,sde] [--seeds 0,1,2,3,4] [--threads 1,2]
+    python benchmarks/bench_robustness.py [--methods noise,sde,grpo,rloo,dapo,fpo] [--seeds 0,1,2,3,4] [--threads 1,2]
                                           [--iterations N] [--set key=value ...] [--out runs/bench_robustness]
                                           [--report | --divergence N]
 
@@ -13,7 +15,7 @@ reads the lift over all of them: every (method, threads, seed) is one run. ``--d
 amplification instead: for each method, ``N`` iterations of RL seed 0 on 1 and on 2 threads from the same SFT
 policy (the 1-thread one), checkpointed every iteration, and per iteration the distance between the two runs'
 weights and between their rollout successes (``divergence.md``). ``--set`` adds overrides of the RL
-stage (e.g. ``--set ppo.critic_warmup_iters=0``) for probing one setting; give such a probe its own ``--out``.
+stage (e.g. ``--set learner.critic_warmup_iters=0``) for probing one setting; give such a probe its own ``--out``.
 
 Writes into ``--out``: ``t<threads>/sft`` (the SFT policy and ``sft.json``, its success), one run folder per
 ``<method>/t<threads>_s<seed>`` (the trainer's output plus ``result.json``) and ``table.md`` (printed too: the
@@ -37,13 +39,16 @@ from pathlib import Path
 import torch
 
 from vla_rl.checkpoint.policy import load_policy
+from vla_rl.checkpoint.training import list_checkpoints
 from vla_rl.policies.actor import Actor
 from vla_rl.presets import parse_overrides
 from vla_rl.train.demo import DemoConfig, demo_success, demo_train_config, train_demo_sft
 from vla_rl.train.trainer import Trainer
 
-PRESETS = {"noise": "builtin_flow_noise", "sde": "builtin_flow_sde"}
-LABELS = {"noise": "Flow-Noise PPO", "sde": "Flow-SDE PPO"}
+PRESETS = {"noise": "builtin_flow_noise", "sde": "builtin_flow_sde", "grpo": "builtin_grpo", "rloo": "builtin_rloo",
+           "dapo": "builtin_dapo", "fpo": "builtin_fpo"}
+LABELS = {"noise": "Flow-Noise PPO", "sde": "Flow-SDE PPO", "grpo": "GRPO (Flow-SDE)", "rloo": "RLOO (Flow-SDE)",
+          "dapo": "DAPO (Flow-SDE)", "fpo": "FPO++ (ODE)"}
 TARGET = 0.20
 
 
@@ -75,21 +80,33 @@ def rl_run(out: Path, method: str, threads: int, seed: int, sft: Path, sft_succe
     if record.is_file():
         return json.loads(record.read_text())
     dcfg = DemoConfig(**{**vars(demo), "rl": PRESETS[method], "rl_iterations": iterations})
+    # Every method gets the env-steps the demo's iterations give at most (a method that collects more an iteration,
+    # DAPO's top-ups, ends earlier), so the methods compare at equal env-steps.
+    budget = env_step_budget(dcfg, sft, out=run)
     cfg = demo_train_config(dcfg, sft, out=run, progress=False,
-                            overrides={"seed": seed, "threads": threads, "tensorboard": False, **extra})
+                            overrides={"seed": seed, "threads": threads, "tensorboard": False,
+                                       "max_env_steps": budget, **extra})
     torch.set_num_threads(threads)
     t0, c0 = time.time(), cpu_seconds()
     with Trainer(cfg, log=lambda *_: None, overwrite=True) as trainer:
         history = trainer.run()
     seconds, cpu = time.time() - t0, cpu_seconds() - c0
-    model, norm, _ = load_policy(run / "checkpoints" / f"iter_{iterations:06d}")
+    model, norm, _ = load_policy(list_checkpoints(run)[-1])
     after = demo_success(Actor(model, norm), dcfg)
-    result = {"method": method, "threads": threads, "seed": seed, "iterations": iterations, "sft": sft_success,
+    result = {"method": method, "threads": threads, "seed": seed, "iterations": history[-1]["iteration"],
+              "env_steps": history[-1]["time/env_steps"], "sft": sft_success,
               "after": after, "lift": after - sft_success, "seconds": seconds, "cpu_seconds": cpu,
               "overrides": extra,
               "evals": [(h["iteration"], h["eval/success_once"]) for h in history if "eval/success_once" in h]}
     record.write_text(json.dumps(result, indent=1))
     return result
+
+
+def env_step_budget(dcfg: DemoConfig, sft: Path, out: Path) -> int:
+    """The env-steps of the demo's RL stage if no episode ended inside a chunk: iterations x envs x chunks x actions
+    executed per chunk."""
+    cfg = demo_train_config(dcfg, sft, out=out, progress=False)
+    return dcfg.rl_iterations * cfg.env.num_envs * cfg.rollout_chunks * cfg.execute
 
 
 def divergence(out: Path, method: str, iterations: int, sft: Path, demo: DemoConfig, extra: dict) -> list[dict]:
@@ -141,7 +158,8 @@ def table(results: list[dict], methods: list[str]) -> str:
     """One summary row per method and thread count (and over all thread counts, when there are several),
     then one row per run."""
     lines = ["| method | threads | runs | SFT | after RL: min / median / max | lift: min / median / max | "
-             f"runs with lift ≥ +{TARGET:.2f} | CPU s per run (median) |", "|---|---|---|---|---|---|---|---|"]
+             f"runs with lift ≥ +{TARGET:.2f} | env-steps per run (median) | CPU s per run (median) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for m in methods:
         rs = [r for r in results if r["method"] == m]
         threads = sorted({r["threads"] for r in rs})
@@ -154,9 +172,12 @@ def table(results: list[dict], methods: list[str]) -> str:
             ok = sum(x >= TARGET - 1e-9 for x in lift)
             cpu = [r["cpu_seconds"] for r in group if math.isfinite(r["cpu_seconds"])]  # NaN: a resumed run's
             cpu_text = f"{statistics.median(cpu):.0f}" if cpu else "-"
+            steps = [r["env_steps"] for r in group if "env_steps" in r]   # runs recorded before the column: -
+            steps_text = f"{statistics.median(steps):,.0f}" if steps else "-"
             lines.append(f"| {LABELS[m]} | {label} | {len(group)} | {sft} | {min(after):.3f} / "
                          f"{statistics.median(after):.3f} / {max(after):.3f} | {min(lift):+.3f} / "
-                         f"{statistics.median(lift):+.3f} / {max(lift):+.3f} | {ok} / {len(group)} | {cpu_text} |")
+                         f"{statistics.median(lift):+.3f} / {max(lift):+.3f} | {ok} / {len(group)} | {steps_text} | "
+                         f"{cpu_text} |")
     lines += ["", "| method | threads | seed | SFT | after RL | lift | evaluations during RL (iteration: success) |",
               "|---|---|---|---|---|---|---|"]
     for r in sorted(results, key=lambda r: (methods.index(r["method"]), r["threads"], r["seed"])):

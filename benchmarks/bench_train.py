@@ -24,7 +24,8 @@ from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.presets import policy_preset
-from vla_rl.rl.learner import Learner, PPOConfig
+from vla_rl.rl.algorithms import PPO, PPOConfig
+from vla_rl.rl.learner import Learner, LearnerConfig
 from vla_rl.rl.rollout import collect_rollout
 
 
@@ -49,8 +50,8 @@ def one_setting(args, n: int, device: torch.device) -> dict:
     norm = NormStats(Stats.identity(4), Stats.identity(2))
     actor = Actor(model, norm)
     sampler = SamplerConfig(args.num_steps, args.method)
-    ppo = PPOConfig(update_epochs=args.epochs, minibatches=args.minibatches)
-    learner = Learner(actor, ppo, bf16=args.bf16)
+    learner = Learner(actor, LearnerConfig(update_epochs=args.epochs, minibatches=args.minibatches), PPO(PPOConfig()),
+                      bf16=args.bf16)
     gen = torch.Generator(device=device).manual_seed(0)
     roll, upd, steps = [], [], 0
     for it in range(args.repeats + 1):

@@ -19,8 +19,8 @@ from vla_rl.train.trainer import TrainConfig
 
 VARIANTS = [
     ("full fine-tune", {}, {}),
-    ("ppo.freeze_prefix=true", {"freeze_prefix": True}, {}),
-    ("ppo.lora.rank=16 (prefix)", {"lora": {"rank": 16}}, {}),
+    ("learner.freeze_prefix=true", {"freeze_prefix": True}, {}),
+    ("learner.lora.rank=16 (prefix)", {"lora": {"rank": 16}}, {}),
     ("LoRA r=16 + bf16 weights and Adam states", {"lora": {"rank": 16}, "param_dtype": "bf16",
                                                   "optimizer_state_dtype": "bf16"}, {}),
     ("full, 8 learners sharded (fsdp)", {}, {"runtime": "ray", "ray": {"learners": 8, "learner_gpus": 1,
@@ -48,12 +48,12 @@ def main(argv: list[str] | None = None) -> int:
         " | ".join(f"{g:g} GB" for g in gpus) + " |"
     print(head)
     print("|" + "---|" * (8 + len(gpus)))
-    for label, ppo, extra in VARIANTS:
+    for label, learner, extra in VARIANTS:
         cfg = from_dict(TrainConfig, {"model": args.model, "device": "cuda", "bf16": True,
                                       "env": {"num_envs": args.envs}, "rollout_chunks": args.chunks,
                                       "sampler": {"num_steps": args.num_steps, "method": args.method},
-                                      "ppo": {"minibatches": args.minibatches,
-                                              "grad_checkpointing": args.checkpointing, **ppo}, **extra})
+                                      "learner": {"minibatches": args.minibatches,
+                                                  "grad_checkpointing": args.checkpointing, **learner}, **extra})
         plan = plan_memory(cfg, cuda=True)
         rows = {what: b for what, b, _ in plan.rows}
         act = next((what, b) for what, b in rows.items() if what.startswith(("activations", "sampling")))

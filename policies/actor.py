@@ -112,6 +112,11 @@ class Actor:
         return self.model.device
 
     @property
+    def model_config(self):
+        """The model's :class:`~vla_rl.policies.policy_config.PolicyConfig` (sizes: horizon, action dims, ...)."""
+        return self.model.cfg
+
+    @property
     def dim_mask(self) -> Tensor:
         """``[A]`` True on the model action dims that the env really has."""
         m = torch.zeros(self.model.cfg.action_dim, dtype=torch.bool, device=self.model.device)
@@ -172,6 +177,31 @@ class Actor:
     def value(self, seen: Observation) -> Tensor:
         """``[N]``: the critic's value of what :meth:`observe` saw."""
         return self.model.value(seen.prefix)
+
+    # ------------------------------------------------------------------------------------------------
+    # What a learner's loss asks of the policy (the learner reaches the model through these alone)
+    # ------------------------------------------------------------------------------------------------
+    @property
+    def value_from_prefix(self) -> bool:
+        """Whether the critic reads the prefix's final hidden states (encode them: :meth:`prefix` ``hidden=``)."""
+        return self.model.cfg.value_source == "prefix"
+
+    def prefix_value(self, prefix: Prefix) -> Tensor:
+        """``[N]``: the critic's value of the observations encoded in ``prefix`` (:meth:`prefix`)."""
+        return self.model.value(prefix)
+
+    def chain_log_prob(self, prefix: Prefix, chain: Tensor, stochastic: Tensor,
+                       sampler: SamplerConfig) -> flow.ChainLogProb:
+        """The per-element log-densities of stored chains ``[N, K+1, H, A]`` under the current parameters, each
+        step Gaussian as ``stochastic`` ``[N, K]`` and ``sampler`` (its method and noise level) say."""
+        return flow.chain_log_prob(self.model.field(prefix), chain, stochastic, method=sampler.method,
+                                   noise_level=sampler.noise_level)
+
+    def flow_matching_errors(self, prefix: Prefix, actions: Tensor, t: Tensor, noise: Tensor) -> Tensor:
+        """``[N, H, A]`` squared errors of the velocity at ``x_t = t * noise + (1 - t) * actions`` (model units,
+        ``actions`` / ``noise`` ``[N, H, A]``, ``t`` ``[N]``) against the conditional target ``noise - actions``:
+        the conditional flow-matching loss per element (likelihood-free methods compare it across parameters)."""
+        return flow.flow_matching_errors(self.model.velocity_field(prefix), actions, t, noise)
 
     def draw(self, batch: int, sampler: SamplerConfig, *, generator: torch.Generator | None = None
              ) -> flow.SampleNoise:

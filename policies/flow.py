@@ -11,7 +11,8 @@ Everything here is a function of a *field* callable ``field(x_t, t)``:
 No model classes and no config objects: that is what makes these functions testable against closed
 forms.
 
-Glossary: N samples (envs), H actions per chunk, A action dims, K denoising steps.
+Glossary: N samples (envs), H actions per chunk, A action dims, K denoising steps. Signatures carry the shapes
+(jaxtyping: ``Float[Tensor, "n h a"]``; ``k1`` is K + 1); tests/policies/test_shapes.py checks them at run time.
 The chain ``x_0..x_K`` is stored as ``chain[:, k]``: ``chain[:, 0]`` is the initial noise (t=1) and
 ``chain[:, K]`` the action (t=0). Step ``k`` maps ``chain[:, k]`` (time ``t_k``) to ``chain[:, k+1]``.
 
@@ -37,6 +38,7 @@ import torch
 from torch import Tensor
 
 from vla_rl.core.keyed_random import keyed_normal, keyed_uniform
+from vla_rl.core.shapes import Bool, Float
 
 Method = Literal["ode", "sde", "noise"]
 SDEMode = Literal["all", "mixed"]
@@ -51,14 +53,14 @@ _LOG_2PI = math.log(2.0 * math.pi)
 # ----------------------------------------------------------------------------------------------------
 # Per-step closed forms
 # ----------------------------------------------------------------------------------------------------
-def time_grid(num_steps: int, *, device=None, dtype=torch.float32) -> Tensor:
+def time_grid(num_steps: int, *, device=None, dtype=torch.float32) -> Float[Tensor, " k1"]:
     """Times ``[K+1]`` from 1 down to 0 in ``num_steps`` equal steps."""
     if not isinstance(num_steps, int) or num_steps < 1:
         raise ValueError(f"num_steps must be a positive int, got {num_steps!r}")
     return torch.linspace(1.0, 0.0, num_steps + 1, device=device, dtype=dtype)
 
 
-def sde_sigma(t: Tensor, noise_level: float, t_guard: float) -> Tensor:
+def sde_sigma(t: Float[Tensor, "*s"], noise_level: float, t_guard: float) -> Float[Tensor, "*s"]:
     """Flow-SDE diffusion coefficient sigma_t = a * sqrt(t / (1 - t)).
 
     At t = 1 the formula diverges; as in the πRL implementation, the denominator then uses the next grid
@@ -87,12 +89,13 @@ def sde_mean_std(x_t: Tensor, v: Tensor, t: Tensor, dt: Tensor, sigma: Tensor) -
     return mean, sigma * torch.sqrt(dt)
 
 
-def gaussian_log_prob(x: Tensor, mean: Tensor, std: Tensor) -> Tensor:
+def gaussian_log_prob(x: Float[Tensor, "*s"], mean: Float[Tensor, "*s"], std: Float[Tensor, "*s"]
+                      ) -> Float[Tensor, "*s"]:
     """Elementwise log N(x; mean, std^2)."""
     return -0.5 * ((x - mean) / std).pow(2) - torch.log(std) - 0.5 * _LOG_2PI
 
 
-def gaussian_entropy(std: Tensor) -> Tensor:
+def gaussian_entropy(std: Float[Tensor, "*s"]) -> Float[Tensor, "*s"]:
     """Elementwise entropy of N(., std^2): 0.5 log(2 pi e std^2)."""
     return torch.log(std) + 0.5 * (_LOG_2PI + 1.0)
 
@@ -148,17 +151,17 @@ class FlowSample:
     entropy     ``[N, K, H, A]``     entropy of each Gaussian step (0 where deterministic)
     """
 
-    actions: Tensor
-    chain: Tensor
-    stochastic: Tensor
-    log_probs: Tensor
-    init_log_prob: Tensor
-    entropy: Tensor
+    actions: Float[Tensor, "n h a"]
+    chain: Float[Tensor, "n k1 h a"]
+    stochastic: Bool[Tensor, "n k"]
+    log_probs: Float[Tensor, "n k h a"]
+    init_log_prob: Float[Tensor, "n h a"]
+    entropy: Float[Tensor, "n k h a"]
 
 
 def stochastic_steps(
     method: str, num_steps: int, batch: int, *, sde_mode: str = "mixed", generator=None, device=None
-) -> Tensor:
+) -> Bool[Tensor, "n k"]:
     """Which of the K steps are stochastic, ``[N, K]`` bool, for a method."""
     if method == "ode":
         return torch.zeros(batch, num_steps, dtype=torch.bool, device=device)
@@ -186,14 +189,14 @@ def _step(
 
 def sample(
     field: Field,
-    noise: Tensor,
+    noise: Float[Tensor, "n h a"],
     *,
     num_steps: int,
     method: Method = "ode",
     noise_level: float = 0.5,
     sde_mode: SDEMode = "mixed",
-    stochastic: Tensor | None = None,
-    step_noise: Tensor | None = None,
+    stochastic: Bool[Tensor, "n k"] | None = None,
+    step_noise: Float[Tensor, "k n h a"] | None = None,
     generator: torch.Generator | None = None,
 ) -> FlowSample:
     """Denoise ``noise`` ``[N, H, A]`` (the t=1 sample) into an action chunk in ``num_steps`` steps.
@@ -245,9 +248,9 @@ class SampleNoise:
     which steps are stochastic ``[N, K]`` and the step noise ``[K, N, H, A]``. Row ``i`` is chunk ``i``'s,
     so a batch sampled in parts (:meth:`rows`) gets the draws it would get sampled whole."""
 
-    initial: Tensor
-    stochastic: Tensor
-    steps: Tensor
+    initial: Float[Tensor, "n h a"]
+    stochastic: Bool[Tensor, "n k"]
+    steps: Float[Tensor, "k n h a"]
 
     def rows(self, index: slice | range) -> SampleNoise:
         """The draws of the chunks ``index`` (contiguous)."""
@@ -294,7 +297,7 @@ def keyed_sample_noise(
     return SampleNoise(initial, stochastic, steps.transpose(0, 1).contiguous())
 
 
-def denoise(field: Field, noise: Tensor, *, num_steps: int) -> Tensor:
+def denoise(field: Field, noise: Float[Tensor, "n h a"], *, num_steps: int) -> Float[Tensor, "n h a"]:
     """Deterministic Euler denoising of ``noise`` ``[N, H, A]`` into an action chunk ``[N, H, A]``.
 
     The deployment / evaluation path: the same actions as ``sample(..., method="ode").actions``, bit for
@@ -328,16 +331,16 @@ class ChainLogProb:
     """Result of :func:`chain_log_prob`: ``log_probs`` / ``entropy`` ``[N, K, H, A]`` (0 on deterministic
     steps), ``init_log_prob`` ``[N, H, A]``, and ``field_evals`` (how many field calls it took)."""
 
-    log_probs: Tensor
-    entropy: Tensor
-    init_log_prob: Tensor
+    log_probs: Float[Tensor, "n k h a"]
+    entropy: Float[Tensor, "n k h a"]
+    init_log_prob: Float[Tensor, "n h a"]
     field_evals: int
 
 
 def chain_log_prob(
     field: Field,
-    chain: Tensor,
-    stochastic: Tensor,
+    chain: Float[Tensor, "n k1 h a"],
+    stochastic: Bool[Tensor, "n k"],
     *,
     method: Method,
     noise_level: float = 0.5,
@@ -346,7 +349,9 @@ def chain_log_prob(
 
     Only stochastic steps are evaluated. When every sample has exactly one stochastic step (mixed
     Flow-SDE), all samples are evaluated in one batched field call at their own step's time, so the cost
-    is one velocity evaluation per chunk instead of K.
+    is one velocity evaluation per chunk instead of K. On meta tensors (the memory plan runs the learner's loss
+    on shapes alone) nothing data-dependent can be read: Flow-SDE is taken to be mixed, and every step of the
+    other methods is evaluated.
     """
     _check_method(method, "all", noise_level)
     if chain.dim() != 4:
@@ -356,17 +361,19 @@ def chain_log_prob(
     if stochastic.shape != (n, num_steps) or stochastic.dtype != torch.bool:
         raise ValueError(f"stochastic must be a bool tensor of shape {(n, num_steps)}, "
                          f"got {stochastic.dtype} {tuple(stochastic.shape)}")
-    if not torch.isfinite(chain).all():
+    meta = chain.is_meta
+    if not meta and not torch.isfinite(chain).all():
         raise ValueError("chain contains NaN or inf")
     device = chain.device
     grid = time_grid(num_steps, device=device)
-    t_guard = float(grid[1]) if num_steps > 1 else 0.5
+    t_guard = float((time_grid(num_steps) if meta else grid)[1]) if num_steps > 1 else 0.5
     need_std = method == "noise"
     log_probs = torch.zeros(chain.shape[0], num_steps, *chain.shape[2:], device=device)
     entropy = torch.zeros_like(log_probs)
     counts = stochastic.sum(dim=1)
     evals = 0
-    if method != "ode" and n > 0 and bool((counts == 1).all()):
+    one_each = method == "sde" if meta else bool((counts == 1).all())
+    if method != "ode" and n > 0 and one_each:
         k_idx = stochastic.float().argmax(dim=1)                      # [N]
         rows = torch.arange(n, device=device)
         x_t, x_next = chain[rows, k_idx], chain[rows, k_idx + 1]
@@ -379,7 +386,7 @@ def chain_log_prob(
         log_probs[rows, k_idx], entropy[rows, k_idx] = lp, ent
     elif method != "ode":
         for k in range(num_steps):
-            if not bool(stochastic[:, k].any()):
+            if not meta and not bool(stochastic[:, k].any()):
                 continue
             t = grid[k].expand(n)
             dt = (grid[k] - grid[k + 1]).expand(n)
@@ -409,15 +416,15 @@ def _reduce(x: Tensor, weight: Tensor, dim: int, how: Reduce) -> tuple[Tensor, T
 
 
 def aggregate(
-    per_element: Tensor,
-    stochastic: Tensor,
+    per_element: Float[Tensor, "n k h a"],
+    stochastic: Bool[Tensor, "n k"],
     *,
     steps: Reduce = "mean",
     actions: Reduce = "sum",
     dims: Reduce = "sum",
     executed: int | None = None,
-    dim_mask: Tensor | None = None,
-) -> Tensor:
+    dim_mask: Bool[Tensor, " a"] | None = None,
+) -> Float[Tensor, "n ..."]:
     """Reduce a per-step quantity ``[N, K, H, A]`` (log-probs or entropies) to what a loss needs.
 
     - ``steps``: over the stochastic denoising steps only (``mean`` divides by their count);
@@ -452,7 +459,7 @@ def aggregate(
 # ----------------------------------------------------------------------------------------------------
 # Flow-matching (SFT) objective
 # ----------------------------------------------------------------------------------------------------
-def sample_flow_time(n: int, *, generator=None, device=None) -> Tensor:
+def sample_flow_time(n: int, *, generator=None, device=None) -> Float[Tensor, " n"]:
     """t ~ Beta(1.5, 1) scaled into (0.001, 1], as in π0 (more weight on noisy times).
 
     Beta(a, 1) has CDF x^a, so u^(1/a) with u uniform samples it exactly (and takes a generator).
@@ -461,8 +468,8 @@ def sample_flow_time(n: int, *, generator=None, device=None) -> Tensor:
     return u.pow(1.0 / 1.5) * 0.999 + 0.001
 
 
-def mean_entropy(entropy: Tensor, stochastic: Tensor, *, executed: int | None = None,
-                 dim_mask: Tensor | None = None) -> Tensor:
+def mean_entropy(entropy: Float[Tensor, "n k h a"], stochastic: Bool[Tensor, "n k"], *, executed: int | None = None,
+                 dim_mask: Bool[Tensor, " a"] | None = None) -> Float[Tensor, " n"]:
     """``[N, K, H, A]`` step entropies -> ``[N]``: each chunk's mean Gaussian step entropy over its stochastic steps,
     its first ``executed`` actions and the real dims (``dim_mask``): how much the stochastic policy still explores.
     The rollout records it; the learner's entropy bonus maximises it."""
@@ -470,16 +477,27 @@ def mean_entropy(entropy: Tensor, stochastic: Tensor, *, executed: int | None = 
                      dim_mask=dim_mask)
 
 
+def flow_matching_errors(field: Field, actions: Float[Tensor, "n h a"], t: Float[Tensor, " n"],
+                         noise: Float[Tensor, "n h a"]) -> Float[Tensor, "n h a"]:
+    """Per-element squared error of the field's velocity at ``x_t = t*eps + (1-t)*a`` against the conditional
+    target ``eps - a``: the conditional flow-matching loss before any reduction. SFT averages it
+    (:func:`flow_matching_loss`); likelihood-free RL (FPO) compares it per sample across parameters."""
+    t3 = t[:, None, None]
+    x_t = t3 * noise + (1.0 - t3) * actions
+    v, _ = _eval_field(field, x_t, t, need_std=False)
+    return (v - (noise - actions)).pow(2)
+
+
 def flow_matching_loss(
     field: Field,
-    actions: Tensor,
+    actions: Float[Tensor, "n h a"],
     *,
-    action_mask: Tensor | None = None,
-    dim_mask: Tensor | None = None,
+    action_mask: Bool[Tensor, "n h"] | None = None,
+    dim_mask: Bool[Tensor, " a"] | None = None,
     generator: torch.Generator | None = None,
-    t: Tensor | None = None,
-    noise: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+    t: Float[Tensor, " n"] | None = None,
+    noise: Float[Tensor, "n h a"] | None = None,
+) -> tuple[Float[Tensor, ""], dict[str, float]]:
     """Conditional flow-matching loss for target chunks ``actions`` ``[N, H, A]``.
 
     x_t = t*eps + (1-t)*a, target velocity eps - a; squared error averaged over the real entries:
@@ -491,10 +509,7 @@ def flow_matching_loss(
         t = sample_flow_time(n, generator=generator, device=actions.device)
     if noise is None:
         noise = torch.randn(actions.shape, generator=generator, device=actions.device)
-    t3 = t[:, None, None]
-    x_t = t3 * noise + (1.0 - t3) * actions
-    v, _ = _eval_field(field, x_t, t, need_std=False)
-    err = (v - (noise - actions)).pow(2)
+    err = flow_matching_errors(field, actions, t, noise)
     weight = torch.ones_like(err)
     if action_mask is not None:
         if action_mask.shape != (n, h):

@@ -34,7 +34,7 @@ class LoRAConfig:
     """``rank`` 0: no LoRA. ``parts``: which streams get adapters: ``prefix`` (the vision blocks and the prefix
     backbone, π0's PaliGemma) and/or ``expert``. A part with adapters trains its adapters only (its other
     weights are frozen); a part without them is trained in full (the expert, by default) or frozen
-    (``ppo.freeze_prefix``). The Flow-Noise, velocity and value heads are always trained in full."""
+    (``learner.freeze_prefix``). The Flow-Noise, velocity and value heads are always trained in full."""
 
     rank: int = nonneg(0, doc="the adapters' rank r; 0: no LoRA")
     alpha: float = positive(16.0, doc="scaling alpha: an adapter adds (alpha / r) B A to its weight")

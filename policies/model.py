@@ -2,7 +2,8 @@
 that predicts the flow velocity of an action chunk, plus a Flow-Noise std head and a value head.
 
 Glossary: N batch, P prefix tokens, S suffix tokens (actions, after π0's state token), H actions per chunk,
-A action dims, C cameras, L layers.
+A action dims, C cameras, L layers. Signatures on the hot path carry the shapes (jaxtyping), checked at run time by
+tests/policies/test_shapes.py.
 
 Attention is π0's blockwise-causal joint attention: prefix tokens attend among themselves only (valid ones:
 padded text and masked cameras are never attended to); suffix tokens attend to the prefix and to the suffix
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vla_rl.core.shapes import Bool, Float
 from vla_rl.policies.layers import (
     AdaRMSNorm,
     RMSNorm,
@@ -54,11 +56,11 @@ class Prefix:
     state_token    ``[N, 1, We]`` or None   π0's projected state, the first suffix token of every expert pass
     """
 
-    keys: list[Tensor]
-    values: list[Tensor]
-    mask: Tensor
-    hidden: Tensor | None
-    state_token: Tensor | None = None
+    keys: list[Float[Tensor, "n hkv p d"]]
+    values: list[Float[Tensor, "n hkv p d"]]
+    mask: Bool[Tensor, "n p"]
+    hidden: Float[Tensor, "n p wp"] | None
+    state_token: Float[Tensor, "n 1 we"] | None = None
 
     @property
     def batch_size(self) -> int:
@@ -77,10 +79,10 @@ class ExpertOutput:
     """velocity ``[N, H, A]``, noise_std ``[N, H, A]`` (Flow-Noise head), value ``[N]``, features
     ``[N, H, We]``. All heads come out of one expert pass, in float32."""
 
-    velocity: Tensor
-    noise_std: Tensor
-    value: Tensor
-    features: Tensor
+    velocity: Float[Tensor, "n h a"]
+    noise_std: Float[Tensor, "n h a"]
+    value: Float[Tensor, " n"]
+    features: Float[Tensor, "n h we"]
 
 
 @dataclass
@@ -402,7 +404,7 @@ class FlowPolicy(nn.Module):
             h = layer.finish(h, attention(q, keys, values, ctx.attn_mask), gate, cond)
         return self._final_expert_norm(h, cond)[:, h.shape[1] - self.cfg.action_horizon:]
 
-    def expert(self, prefix: Prefix, x_t: Tensor, t: Tensor) -> ExpertOutput:
+    def expert(self, prefix: Prefix, x_t: Float[Tensor, "n h a"], t: Float[Tensor, " n"]) -> ExpertOutput:
         """One expert pass at ``x_t`` ``[N, H, A]``, times ``t`` ``[N]``: velocity, noise std, value."""
         return self._heads(self._expert_features(prefix, x_t, t, self._expert_context(prefix)), prefix)
 
@@ -416,7 +418,7 @@ class FlowPolicy(nn.Module):
         ctx = self.sampling_context(prefix, buffers=False)
         buffered: dict[bool, ExpertContext] = {}
 
-        def f(x_t: Tensor, t: Tensor) -> Tensor:
+        def f(x_t: Float[Tensor, "n h a"], t: Float[Tensor, " n"]) -> Float[Tensor, "n h a"]:
             if torch.is_grad_enabled():
                 return self.sampling_velocity(prefix, ctx, x_t, t)
             mode = torch.is_inference_mode_enabled()   # inference tensors cannot be written outside the mode
@@ -445,7 +447,8 @@ class FlowPolicy(nn.Module):
         return ExpertContext(ctx.rope, ctx.attn_mask, [buffer(k) for k in prefix.keys],
                               [buffer(v) for v in prefix.values])
 
-    def sampling_velocity(self, prefix: Prefix, ctx: ExpertContext, x_t: Tensor, t: Tensor) -> Tensor:
+    def sampling_velocity(self, prefix: Prefix, ctx: ExpertContext, x_t: Float[Tensor, "n h a"],
+                          t: Float[Tensor, " n"]) -> Float[Tensor, "n h a"]:
         """The velocity ``[N, H, A]`` (float32) at ``x_t``, ``t`` of one denoising step in the context
         ``ctx`` of :meth:`sampling_context`: the velocity head alone, no std or value head."""
         return self.velocity_head(self._expert_features(prefix, x_t, t, ctx)).float()
@@ -473,13 +476,15 @@ class FlowPolicy(nn.Module):
             pooled = pooled.detach()
         return self.value_head(pooled).float().squeeze(-1)
 
-    def velocity(self, prefix: Prefix, x_t: Tensor, t: Tensor) -> Tensor:
+    def velocity(self, prefix: Prefix, x_t: Float[Tensor, "n h a"], t: Float[Tensor, " n"]) -> Float[Tensor, "n h a"]:
         return self.expert(prefix, x_t, t).velocity
 
-    def noise_std(self, prefix: Prefix, x_t: Tensor, t: Tensor) -> Tensor:
+    def noise_std(self, prefix: Prefix, x_t: Float[Tensor, "n h a"], t: Float[Tensor, " n"]
+                  ) -> Float[Tensor, "n h a"]:
         return self.expert(prefix, x_t, t).noise_std
 
-    def value(self, prefix: Prefix, x_t: Tensor | None = None, t: Tensor | None = None) -> Tensor:
+    def value(self, prefix: Prefix, x_t: Float[Tensor, "n h a"] | None = None, t: Float[Tensor, " n"] | None = None
+              ) -> Float[Tensor, " n"]:
         """State value ``[N]``. A prefix-sourced head needs only the prefix; an expert-sourced head
         reads the expert at (x_t, t), by default at the pure-noise end (x = 0, t = 1)."""
         if self.cfg.value_source == "prefix":
@@ -513,7 +518,8 @@ class FlowPolicy(nn.Module):
     def field(self, prefix: Prefix):
         """Adapter to the flow-math protocol: ``f(x_t, t) -> (velocity, noise_std)``."""
 
-        def f(x_t: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
+        def f(x_t: Float[Tensor, "n h a"], t: Float[Tensor, " n"]
+              ) -> tuple[Float[Tensor, "n h a"], Float[Tensor, "n h a"]]:
             out = self.expert(prefix, x_t, t)
             return out.velocity, out.noise_std
 
@@ -522,7 +528,8 @@ class FlowPolicy(nn.Module):
     # ------------------------------------------------------------------------------------------------
     # Uncached reference
     # ------------------------------------------------------------------------------------------------
-    def forward_joint(self, obs: dict, x_t: Tensor, t: Tensor) -> tuple[Tensor, ExpertOutput]:
+    def forward_joint(self, obs: dict, x_t: Float[Tensor, "n h a"], t: Float[Tensor, " n"]
+                      ) -> tuple[Float[Tensor, "n p wp"], ExpertOutput]:
         """Both streams in one pass with the blockwise-causal mask, no cache.
 
         Returns the final-normed prefix output ``[N, P, Wp]`` and the expert heads. Equal to

@@ -107,7 +107,7 @@ def train_config(init, out, **over):
     base = {"init": str(init), "env": {"num_envs": 8, "builtin": {"max_episode_steps": 16}},
             "rollout_chunks": 2, "execute": 8, "iterations": 2, "eval_every": 1, "eval_episodes": 8,
             "save_every": 1, "keep_last": 5, "out": str(out), "progress": False, "tensorboard": False,
-            "ppo": {"update_epochs": 2, "minibatches": 2}}
+            "learner": {"update_epochs": 2, "minibatches": 2}}
     return from_dict(TrainConfig, {**base, **over})
 
 

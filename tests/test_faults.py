@@ -83,7 +83,8 @@ CONFIGS = config_classes()
 
 def test_the_walk_finds_the_configs_of_every_room():
     names = {c.__name__ for c in CONFIGS}
-    assert {"TrainConfig", "PPOConfig", "SamplerConfig", "SFTConfig", "SFTRunConfig", "CollectConfig",
+    assert {"TrainConfig", "PPOConfig", "LearnerConfig", "AlgorithmConfig", "GRPOConfig", "RLOOConfig", "DAPOConfig",
+            "FPOConfig", "SamplerConfig", "SFTConfig", "SFTRunConfig", "CollectConfig",
             "EvalConfig", "BenchConfig", "DemoConfig", "ColorReachConfig", "ManiSkillConfig",
             "LiberoConfig", "LiberoRecordConfig", "PolicyConfig", "VisionConfig", "StreamConfig",
             "EnvConfig", "LogProbConfig"} <= names
@@ -129,11 +130,14 @@ def test_a_value_outside_the_range_is_refused_naming_field_value_and_range(cls, 
 def test_range_errors_carry_the_key_path_of_nested_configs():
     from vla_rl.train.trainer import TrainConfig
 
-    for over, want in [({"ppo": {"clip": -0.1}}, "ppo.clip = -0.1 is outside its valid range (0, inf)"),
-                       ({"ppo": {"gamma": 5.0}}, "ppo.gamma = 5.0 is outside its valid range [0, 1]"),
-                       ({"ppo": {"lam": -1.0}}, "ppo.lam = -1.0 is outside its valid range [0, 1]"),
-                       ({"ppo": {"lr_actor": "nan"}}, "ppo.lr_actor = nan is not a finite number"),
-                       ({"ppo": {"lr_critic": float("inf")}}, "ppo.lr_critic = inf is not a finite number"),
+    for over, want in [({"algorithm": {"ppo": {"clip": -0.1}}},
+                        "algorithm.ppo.clip = -0.1 is outside its valid range (0, inf)"),
+                       ({"algorithm": {"ppo": {"gamma": 5.0}}},
+                        "algorithm.ppo.gamma = 5.0 is outside its valid range [0, 1]"),
+                       ({"algorithm": {"ppo": {"lam": -1.0}}},
+                        "algorithm.ppo.lam = -1.0 is outside its valid range [0, 1]"),
+                       ({"learner": {"lr_actor": "nan"}}, "learner.lr_actor = nan is not a finite number"),
+                       ({"learner": {"lr_critic": float("inf")}}, "learner.lr_critic = inf is not a finite number"),
                        ({"keep_last": 0}, "keep_last = 0 is outside its valid range [1, inf)"),
                        ({"sampler": {"num_steps": 0}}, "sampler.num_steps = 0 is outside"),
                        ({"env": {"builtin": {"step_size": 0.0}}}, "env.builtin.step_size = 0.0 is outside")]:
@@ -145,9 +149,9 @@ def test_range_errors_carry_the_key_path_of_nested_configs():
 def test_cli_refuses_bad_numbers_before_any_work(tmp_path, capsys):
     """The values that used to crash only after an iteration's work now stop the command at once: exit 2, one
     line naming the field, and no run folder."""
-    for over in ["eval_every=0", "save_every=0", "ppo.minibatches=0", "eval_episodes=0", "sampler.num_steps=0",
-                 "keep_last=0", "ppo.clip=-0.1", "ppo.gamma=5", "ppo.lam=-1", "ppo.lr_actor=nan", "ppo.lr_actor=1e30",
-                 "ppo.lr_critic=.inf"]:
+    for over in ["eval_every=0", "save_every=0", "learner.minibatches=0", "eval_episodes=0", "sampler.num_steps=0",
+                 "keep_last=0", "algorithm.ppo.clip=-0.1", "algorithm.ppo.gamma=5", "algorithm.ppo.lam=-1",
+                 "learner.lr_actor=nan", "learner.lr_actor=1e30", "learner.lr_critic=.inf"]:
         out = tmp_path / over.replace("=", "_")
         assert cli_main(["train", "builtin_flow_noise", f"out={out}", over]) == 2, over
         err = capsys.readouterr().err
@@ -177,7 +181,7 @@ def overrides(init, out, iterations=2, **more) -> list[str]:
     iteration)."""
     base = {"init": str(init), "out": str(out), "env.num_envs": 8, "env.builtin.max_episode_steps": 16,
             "rollout_chunks": 2, "iterations": iterations, "eval_every": 1, "eval_episodes": 8, "save_every": 1,
-            "keep_last": 5, "tensorboard": "false", "ppo.update_epochs": 1, "ppo.minibatches": 2}
+            "keep_last": 5, "tensorboard": "false", "learner.update_epochs": 1, "learner.minibatches": 2}
     base.update(more)
     return [f"{k}={v}" for k, v in base.items()]
 
@@ -361,8 +365,8 @@ def test_malformed_yaml_file_and_override_are_one_line_config_errors(tmp_path, c
     bad.write_text("ppo: {lr_actor: 1e-4\nenv: [\n")
     assert cli_main(["train", str(bad)]) == 2
     assert "is not valid YAML" in one_error_line(capsys, "config")
-    assert cli_main(["train", "builtin_flow_noise", "ppo.lr_actor=[1,"]) == 2
-    assert "override 'ppo.lr_actor=[1,': the value is not valid YAML" in one_error_line(capsys, "config")
+    assert cli_main(["train", "builtin_flow_noise", "learner.lr_actor=[1,"]) == 2
+    assert "override 'learner.lr_actor=[1,': the value is not valid YAML" in one_error_line(capsys, "config")
     assert cli_main(["train", "builtin_flow_noise", "--resume", str(tmp_path)]) == 2
     assert "not both" in one_error_line(capsys, "config")
 
@@ -370,13 +374,13 @@ def test_malformed_yaml_file_and_override_are_one_line_config_errors(tmp_path, c
 def test_debug_flag_and_env_variable_show_the_traceback(tmp_path, monkeypatch, capsys):
     from vla_rl.core.ranges import ConfigError
 
-    with pytest.raises(ConfigError, match="ppo.clip"):
-        cli_main(["train", "builtin_flow_noise", "ppo.clip=-1", "--debug"])
+    with pytest.raises(ConfigError, match="algorithm.ppo.clip"):
+        cli_main(["train", "builtin_flow_noise", "algorithm.ppo.clip=-1", "--debug"])
     monkeypatch.setenv("VLA_RL_DEBUG", "1")
-    with pytest.raises(ConfigError, match="ppo.clip"):
-        cli_main(["train", "builtin_flow_noise", "ppo.clip=-1"])
+    with pytest.raises(ConfigError, match="algorithm.ppo.clip"):
+        cli_main(["train", "builtin_flow_noise", "algorithm.ppo.clip=-1"])
     monkeypatch.setenv("VLA_RL_DEBUG", "0")
-    assert cli_main(["train", "builtin_flow_noise", "ppo.clip=-1"]) == 2
+    assert cli_main(["train", "builtin_flow_noise", "algorithm.ppo.clip=-1"]) == 2
     one_error_line(capsys, "config")
 
 
@@ -811,7 +815,8 @@ def test_a_killed_worker_is_restarted_its_envs_reset_with_their_seeds_up_to_the_
 def test_a_worker_killed_mid_rollout_drops_its_partial_episodes_from_the_update(sft):
     from vla_rl.checkpoint.policy import load_policy
     from vla_rl.policies.actor import Actor, SamplerConfig
-    from vla_rl.rl.learner import Learner, PPOConfig
+    from vla_rl.rl.algorithms import PPO, PPOConfig
+    from vla_rl.rl.learner import Learner, LearnerConfig
     from vla_rl.rl.rollout import collect_rollout
 
     model, norm, _ = load_policy(sft)
@@ -835,7 +840,7 @@ def test_a_worker_killed_mid_rollout_drops_its_partial_episodes_from_the_update(
     assert ro.lost_episodes == 2
     assert ro.valid.tolist() == [[True, True, False, False]] * 3 + [[True, True, True, True]]
     assert ro.terminated[2, 2:].all() and not ro.terminated[2, :2].any()   # no bootstrap across the restart
-    learner = Learner(actor, PPOConfig(update_epochs=1, minibatches=2))
+    learner = Learner(actor, LearnerConfig(update_epochs=1, minibatches=2), PPO(PPOConfig()))
     metrics = learner.update(ro, iteration=0)
     assert metrics["train/samples"] == 10 and learner.applied_steps == 2
     assert all(math.isfinite(v) for v in metrics.values())
@@ -1006,7 +1011,7 @@ def test_a_resumed_maniskill_run_reproduces_the_uninterrupted_run(tmp_path):
             "save_every": 2, "keep_last": 5, "threads": 1, "tensorboard": False, "progress": False,
             "env": {"kind": "maniskill", "num_envs": 2, "envs_per_worker": 1,
                     "maniskill": {"task": "PushCube-v1", "max_episode_steps": 20}},
-            "ppo": {"update_epochs": 1, "minibatches": 2}}
+            "learner": {"update_epochs": 1, "minibatches": 2}}
 
     def run(out, iterations=4):
         with Trainer(from_dict(TrainConfig, {**over, "out": str(out), "iterations": iterations}), log=QUIET) as t:
@@ -1034,7 +1039,7 @@ def test_a_maniskill_run_survives_a_killed_worker_with_restart_dead_workers(tmp_
     args = ["train", "builtin_flow_noise", "init=null", f"model={model}", f"out={run}", "env.kind=maniskill",
             "env.num_envs=2", "env.envs_per_worker=1", "env.restart_dead_workers=1", "env.maniskill.task=PushCube-v1",
             "env.maniskill.max_episode_steps=16", "rollout_chunks=2", "iterations=3", "eval_every=1",
-            "eval_episodes=2", "save_every=1", "tensorboard=false", "ppo.update_epochs=1", "ppo.minibatches=1",
+            "eval_episodes=2", "save_every=1", "tensorboard=false", "learner.update_epochs=1", "learner.minibatches=1",
             "--no-progress"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "vla_rl.cli", *args], cwd=ROOT, env=env, text=True,

@@ -24,7 +24,8 @@ from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.policies.recompute import activation_checkpointing
 from vla_rl.presets import policy_preset
-from vla_rl.rl.learner import Learner, PPOConfig
+from vla_rl.rl.algorithms import PPO, PPOConfig
+from vla_rl.rl.learner import Learner, LearnerConfig
 from vla_rl.rl.rollout import collect_rollout
 
 PRESETS = ["tiny", "tiny_pi05"]
@@ -222,7 +223,7 @@ def test_activation_checkpointing_refuses_unknown_parts():
     with pytest.raises(ValueError, match="one of"), activation_checkpointing(small("tiny"), "vision"):
         pass
     with pytest.raises(ConfigError, match="grad_checkpointing"):
-        from_dict(PPOConfig, {"grad_checkpointing": "layers"})
+        from_dict(LearnerConfig, {"grad_checkpointing": "layers"})
 
 
 def test_learner_with_checkpointing_takes_the_same_step():
@@ -235,8 +236,8 @@ def test_learner_with_checkpointing_takes_the_same_step():
                             execute=4, generator=torch.Generator().manual_seed(0))
     results = []
     for parts in ("none", "all"):
-        cfg = PPOConfig(update_epochs=1, minibatches=2, lr_actor=1e-3, grad_checkpointing=parts)
-        learner = Learner(Actor(copy.deepcopy(model), norm, env_state_dim=4, env_action_dim=2), cfg)
+        cfg = LearnerConfig(update_epochs=1, minibatches=2, lr_actor=1e-3, grad_checkpointing=parts)
+        learner = Learner(Actor(copy.deepcopy(model), norm, env_state_dim=4, env_action_dim=2), cfg, PPO(PPOConfig()))
         results.append((learner.update(ro, iteration=0), dict(learner.actor.model.named_parameters())))
     (m0, p0), (m1, p1) = results
     for k in ("losses/policy", "losses/value", "losses/approx_kl"):
@@ -307,8 +308,9 @@ def test_learner_with_checkpointing_under_bf16_autocast_on_cuda():
                             execute=4, generator=torch.Generator("cuda").manual_seed(0))
     metrics = []
     for parts in ("none", "all"):
-        cfg = PPOConfig(update_epochs=1, minibatches=2, grad_checkpointing=parts)
-        learner = Learner(Actor(copy.deepcopy(model), norm, env_state_dim=4, env_action_dim=2), cfg, bf16=True)
+        cfg = LearnerConfig(update_epochs=1, minibatches=2, grad_checkpointing=parts)
+        learner = Learner(Actor(copy.deepcopy(model), norm, env_state_dim=4, env_action_dim=2), cfg, PPO(PPOConfig()),
+                          bf16=True)
         assert learner.autocast
         metrics.append(learner.update(ro, iteration=0))
     for k in ("losses/policy", "losses/value", "losses/approx_kl"):

@@ -111,7 +111,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_graph_reader_sees_lazy_and_relative_imports():
     graph = import_graph()
     assert "vla_rl.envs.workers" in graph["vla_rl.envs.maniskill"]        # relative
-    assert "vla_rl.policies.flow" in graph["vla_rl.rl.learner"]           # from vla_rl.policies import flow
+    assert "vla_rl.policies.flow" in graph["vla_rl.rl.algorithms.base"]   # from vla_rl.policies import flow
     assert "vla_rl.train.trainer" in graph["vla_rl.cli"]                  # inside a function
 
 
@@ -198,10 +198,28 @@ def test_the_projects_own_modules_are_imported_at_the_top():
     assert not lazy, "function-level imports of the project's own modules:\n" + "\n".join(sorted(set(lazy)))
 
 
-def test_the_rollout_reaches_the_model_through_its_actor_alone():
-    """rl/rollout.py never reads an attribute ``model`` (``actor.model.prepare`` and the like)."""
-    tree = ast.parse((ROOT / "vla_rl" / "rl" / "rollout.py").read_text())
-    assert not [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "model"]
+def test_the_rollout_and_the_losses_reach_the_model_through_its_actor_alone():
+    """rl/rollout.py and the RL methods never read an attribute ``model`` (``actor.model.prepare`` and the like):
+    the actor is the only door to the policy, for the learner's losses too."""
+    files = [ROOT / "vla_rl" / "rl" / "rollout.py", *sorted((ROOT / "vla_rl" / "rl" / "algorithms").glob("*.py"))]
+    found = [f"{f.name}:{n.lineno}" for f in files for n in ast.walk(ast.parse(f.read_text()))
+             if isinstance(n, ast.Attribute) and n.attr == "model"]
+    assert not found, found
+
+
+def test_no_algorithm_is_named_outside_the_algorithms_folder():
+    """The Algorithm seam is a rule: outside vla_rl/rl/algorithms/ (the methods and their registry) no string constant
+    names a method, so adding one touches its own file, a preset and a test."""
+    from vla_rl.rl.algorithms import ALGORITHMS
+
+    found = []
+    for name, path in module_files().items():
+        if name.startswith("vla_rl.rl.algorithms"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in ALGORITHMS:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}")
+    assert not found, "algorithms named outside vla_rl/rl/algorithms/:\n" + "\n".join(found)
 
 
 def test_every_package_folder_is_installed():

@@ -314,7 +314,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line (default: ``sys.argv``) as the command's arguments, overrides after flags included."""
     parser = build_parser()
     # argparse stops collecting positionals at the first flag; overrides after a flag
-    # (`vla-rl train preset --no-progress ppo.lr_actor=1e-4`) come back as extras and are taken here.
+    # (`vla-rl train preset --no-progress learner.lr_actor=1e-4`) come back as extras and are taken here.
     argv = sys.argv[1:] if argv is None else list(argv)
     args, extra = parser.parse_known_args(argv)
     args.argv = argv   # the command line as given (recorded by commands that write results)
@@ -345,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="online RL (PPO with Flow-Noise or Flow-SDE)",
                            description="CONFIG is a preset of configs/experiment or a YAML file; overrides "
-                                       "are key.sub=value, e.g. ppo.lr_actor=1e-4 sampler.method=sde")
+                                       "are key.sub=value, e.g. learner.lr_actor=1e-4 sampler.method=sde")
     train.add_argument("config", nargs="?", help="experiment preset or YAML path")
     train.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest checkpoint")

@@ -14,7 +14,8 @@ SPEC.loader.exec_module(bench)
 
 
 def result(threads, seed, sft, after, method="sde"):
-    return {"method": method, "threads": threads, "seed": seed, "iterations": 80, "sft": sft, "after": after,
+    return {"method": method, "threads": threads, "seed": seed, "iterations": 80, "env_steps": 160_000 + seed,
+            "sft": sft, "after": after,
             "lift": after - sft, "seconds": 10.0, "cpu_seconds": 100.0 + seed, "overrides": {},
             "evals": [(0, sft), (80, after)]}
 
@@ -23,9 +24,10 @@ def test_table_gives_min_median_max_of_the_lift_and_the_runs_on_target():
     rs = [result(1, 0, 0.48, 0.70), result(1, 1, 0.48, 0.60), result(2, 0, 0.50, 0.80)]
     lines = bench.table(rs, ["sde"]).splitlines()
     assert lines[2:5] == [
-        "| Flow-SDE PPO | 1 | 2 | 0.480 | 0.600 / 0.650 / 0.700 | +0.120 / +0.170 / +0.220 | 1 / 2 | 100 |",
-        "| Flow-SDE PPO | 2 | 1 | 0.500 | 0.800 / 0.800 / 0.800 | +0.300 / +0.300 / +0.300 | 1 / 1 | 100 |",
-        "| Flow-SDE PPO | all | 3 | 0.480 / 0.500 | 0.600 / 0.700 / 0.800 | +0.120 / +0.220 / +0.300 | 2 / 3 | 100 |",
+        "| Flow-SDE PPO | 1 | 2 | 0.480 | 0.600 / 0.650 / 0.700 | +0.120 / +0.170 / +0.220 | 1 / 2 | 160,000 | 100 |",
+        "| Flow-SDE PPO | 2 | 1 | 0.500 | 0.800 / 0.800 / 0.800 | +0.300 / +0.300 / +0.300 | 1 / 1 | 160,000 | 100 |",
+        "| Flow-SDE PPO | all | 3 | 0.480 / 0.500 | 0.600 / 0.700 / 0.800 | +0.120 / +0.220 / +0.300 | 2 / 3 | 160,000 "
+        "| 100 |",
     ], lines[2:5]
     per_run = [line for line in lines if line.startswith("| Flow-SDE PPO | ")][3:]
     assert [line.split(" | ")[1:3] for line in per_run] == [["1", "0"], ["1", "1"], ["2", "0"]]
@@ -57,4 +59,7 @@ def test_report_tabulates_the_runs_on_disk(tmp_path, monkeypatch, capsys):
 def test_cpu_time_median_skips_unknown_values():
     rs = [result(1, 0, 0.5, 0.7), result(1, 1, 0.5, 0.6)]
     rs[1]["cpu_seconds"] = float("nan")   # a run finished from a checkpoint: its whole CPU time is unknown
-    assert bench.table(rs, ["sde"]).splitlines()[2].endswith("| 1 / 2 | 100 |")   # the median of one value
+    assert bench.table(rs, ["sde"]).splitlines()[2].endswith("| 1 / 2 | 160,000 | 100 |")   # the median of one value
+    for r in rs:   # runs recorded before the env-steps column: "-"
+        del r["env_steps"]
+    assert bench.table(rs, ["sde"]).splitlines()[2].endswith("| 1 / 2 | - | 100 |")

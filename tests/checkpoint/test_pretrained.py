@@ -223,7 +223,7 @@ def test_imported_pi0_runs_sft_ppo_and_eval_on_the_builtin_task(imported, tmp_pa
         assert cli_main(["train", "builtin_flow_noise", f"init={sft}", "env.num_envs=4",
                          "env.builtin.max_episode_steps=12", "rollout_chunks=2", "execute=6", "iterations=1",
                          "eval_every=1", "eval_episodes=4", "save_every=1", f"sampler.method={method}",
-                         "sampler.num_steps=2", "ppo.minibatches=2", "ppo.update_epochs=1", f"out={run}",
+                         "sampler.num_steps=2", "learner.minibatches=2", "learner.update_epochs=1", f"out={run}",
                          "tensorboard=false", "--no-progress"]) == 0
         rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         assert np.isfinite(rows[-1]["losses/policy"]) and "eval/success_once" in rows[-1]
@@ -261,9 +261,9 @@ def test_imported_pi0_runs_sft_ppo_and_eval_on_maniskill_with_a_camera(sp_model,
                          "env.maniskill.obs_mode=rgb", "env.maniskill.image_size=32",
                          "env.maniskill.max_episode_steps=12", "rollout_chunks=1", "execute=6", "iterations=1",
                          "eval_every=1", "eval_episodes=2", "save_every=1", f"sampler.method={method}",
-                         "sampler.num_steps=2", "ppo.minibatches=1", "ppo.update_epochs=1", "ppo.critic_warmup_iters=0",
-                         "ppo.actor_lr_warmup_iters=0", f"out={run}_{method}", "tensorboard=false",
-                         "--no-progress"]) == 0
+                         "sampler.num_steps=2", "learner.minibatches=1", "learner.update_epochs=1",
+                         "learner.critic_warmup_iters=0", "learner.actor_lr_warmup_iters=0", f"out={run}_{method}",
+                         "tensorboard=false", "--no-progress"]) == 0
         rows = [json.loads(x) for x in (Path(f"{run}_{method}") / "metrics.jsonl").read_text().splitlines()]
         assert np.isfinite(rows[-1]["losses/policy"])
     assert cli_main(["eval", f"{run}_sde", "episodes=1", "num_envs=1", "sampler.num_steps=2"]) == 0

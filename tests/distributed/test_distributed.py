@@ -17,7 +17,8 @@ from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.presets import policy_preset
-from vla_rl.rl.learner import Learner, PPOConfig
+from vla_rl.rl.algorithms import PPO, PPOConfig
+from vla_rl.rl.learner import Learner, LearnerConfig
 from vla_rl.rl.rollout import collect_rollout
 from vla_rl.train.trainer import TrainConfig, resumed_config
 
@@ -95,9 +96,10 @@ def test_two_data_parallel_learners_take_the_step_of_one_learner(minibatches, gr
     actor = Actor(model, norm, env_state_dim=4, env_action_dim=2)
     ro, _ = collect_rollout(actor, env, env.reset(seed=1), num_chunks=2, sampler=SamplerConfig(3, "noise"),
                             execute=4, generator=torch.Generator().manual_seed(0))
-    cfg = PPOConfig(update_epochs=epochs, minibatches=minibatches, grad_accum=grad_accum, lr_actor=1e-3)
+    cfg = LearnerConfig(update_epochs=epochs, minibatches=minibatches, grad_accum=grad_accum, lr_actor=1e-3)
     def learner(**extra):
-        return Learner(Actor(copy.deepcopy(model), norm, env_state_dim=4, env_action_dim=2), cfg, **extra)
+        return Learner(Actor(copy.deepcopy(model), norm, env_state_dim=4, env_action_dim=2), cfg, PPO(PPOConfig()),
+                       **extra)
 
     one = learner()
     expected = [one.update(ro, iteration=0)]
@@ -143,9 +145,9 @@ def test_data_parallel_learner_checks_its_shard():
     actor = Actor(FlowPolicy(policy_preset("tiny", SMALL)), NormStats(Stats.identity(4), Stats.identity(2)),
                   env_state_dim=4, env_action_dim=2)
     with pytest.raises(ValueError, match="need 0 <= rank < world"):
-        Learner(actor, PPOConfig(), shard=(2, 2))
+        Learner(actor, LearnerConfig(), PPO(PPOConfig()), shard=(2, 2))
     with pytest.raises(ValueError, match="need a sync function"):
-        Learner(actor, PPOConfig(), shard=(0, 2))
+        Learner(actor, LearnerConfig(), PPO(PPOConfig()), shard=(0, 2))
 
 
 def test_ray_config_is_checked():

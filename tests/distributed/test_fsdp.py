@@ -15,7 +15,8 @@ from safetensors.torch import load_file, save_file
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
 from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.rl.learner import Learner, PPOConfig
+from vla_rl.rl.algorithms import PPO, PPOConfig
+from vla_rl.rl.learner import Learner, LearnerConfig
 from vla_rl.rl.rollout import collect_rollout
 
 SMALL = {"depth": 2, "vision": {"depth": 1}, "prefix": {"width": 32, "mlp_dim": 64},
@@ -35,7 +36,7 @@ def setup(case: str):
     actor = Actor(copy.deepcopy(model), norm, env_state_dim=4, env_action_dim=2)
     ro, _ = collect_rollout(actor, env, env.reset(seed=1), num_chunks=2, sampler=SamplerConfig(3, "noise"),
                             execute=4, generator=torch.Generator().manual_seed(0))
-    return model, norm, ro, from_dict(PPOConfig, CASES[case])
+    return model, norm, ro, from_dict(LearnerConfig, CASES[case])
 
 
 def sharded_worker(rank: int, world: int, port: int, out: str) -> None:
@@ -52,8 +53,8 @@ def sharded_worker(rank: int, world: int, port: int, out: str) -> None:
         sync = metrics_sync(lambda t, op: dist.all_reduce(t, op=ops[op]))
         for case in CASES:
             model, norm, ro, cfg = setup(case)
-            learner = Learner(Actor(model, norm, env_state_dim=4, env_action_dim=2), cfg, shard=(rank, world),
-                              sync=sync)
+            learner = Learner(Actor(model, norm, env_state_dim=4, env_action_dim=2), cfg, PPO(PPOConfig()),
+                              shard=(rank, world), sync=sync)
             shard_learner(learner, mesh)
             shard = next(p for p in model.parameters() if p.requires_grad)
             local = shard.to_local().shape[0]
@@ -88,7 +89,7 @@ def sharded(tmp_path_factory):
 def test_two_sharded_learners_take_the_step_of_one_learner(sharded, case):
     model, norm, ro, cfg = setup(case)
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
-    one = Learner(Actor(model, norm, env_state_dim=4, env_action_dim=2), cfg)
+    one = Learner(Actor(model, norm, env_state_dim=4, env_action_dim=2), cfg, PPO(PPOConfig()))
     want_metrics = one.update(ro, iteration=0)
     got = json.loads((sharded / f"{case}_metrics.json").read_text())
     assert got["local_rows"] < got["rows"]   # each process held a shard, not a replica
@@ -125,7 +126,8 @@ def test_sharding_config_is_checked():
 
     with pytest.raises(ConfigError, match="sharding: fsdp splits the learners' tensors among several learners"):
         from_dict(TrainConfig, {"runtime": "ray", "ray": {"learners": 1, "sharding": "fsdp"}})
-    with pytest.raises(ConfigError, match="ray.sharding=fsdp goes with ppo.param_dtype=fp32"):
+    with pytest.raises(ConfigError, match="ray.sharding=fsdp goes with learner.param_dtype=fp32"):
         from_dict(TrainConfig, {"runtime": "ray", "ray": {"learners": 2, "sharding": "fsdp"},
-                                "ppo": {"optimizer_state_dtype": "bf16"}})
-    from_dict(TrainConfig, {"runtime": "ray", "ray": {"learners": 2, "sharding": "fsdp"}, "ppo": {"lora": {"rank": 4}}})
+                                "learner": {"optimizer_state_dtype": "bf16"}})
+    from_dict(TrainConfig, {"runtime": "ray", "ray": {"learners": 2, "sharding": "fsdp"},
+                            "learner": {"lora": {"rank": 4}}})

@@ -66,7 +66,7 @@ def config(init, out, **over) -> TrainConfig:
     base = {"init": str(init), "env": {"num_envs": 8, "builtin": {"max_episode_steps": 16}},
             "rollout_chunks": 2, "execute": 8, "iterations": 2, "eval_every": 1, "eval_episodes": 8,
             "save_every": 1, "keep_last": 5, "out": str(out), "progress": False, "tensorboard": False,
-            "ppo": {"update_epochs": 2, "minibatches": 3, "lr_actor": 1e-4}}
+            "learner": {"update_epochs": 2, "minibatches": 3, "lr_actor": 1e-4}}
     return from_dict(TrainConfig, {**base, **over})
 
 
@@ -245,7 +245,7 @@ def test_a_run_on_a_two_node_cluster_spreads_its_env_actors(sft, tmp_path):
         out = tmp_path / "run"
         cmd = [sys.executable, "-m", "vla_rl.cli", "train", "builtin_flow_noise", f"init={sft}", f"out={out}",
                "env.num_envs=4", "env.builtin.max_episode_steps=16", "rollout_chunks=2", "iterations=2",
-               "eval_every=2", "eval_episodes=4", "tensorboard=false", "--no-progress", "ppo.update_epochs=1",
+               "eval_every=2", "eval_episodes=4", "tensorboard=false", "--no-progress", "learner.update_epochs=1",
                "runtime=ray", f"ray.address=127.0.0.1:{port}", "ray.placement=disaggregated",
                "ray.env_actors=2", "ray.env_actor_cpus=0.5", "ray.learner_cpus=0.5", "ray.strategy=STRICT_SPREAD",
                "ray.timeout_s=240"]

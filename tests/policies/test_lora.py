@@ -16,7 +16,8 @@ from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
 from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.lora import LoRAConfig, LoRALinear, apply_lora, lora_layers, merge_lora
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.rl.learner import Learner, PPOConfig
+from vla_rl.rl.algorithms import PPO, PPOConfig
+from vla_rl.rl.learner import Learner, LearnerConfig
 from vla_rl.rl.rollout import collect_rollout
 from vla_rl.train.trainer import TrainConfig, Trainer, resume_trainer
 
@@ -79,7 +80,7 @@ def test_ppo_moves_only_the_trainable_set_and_the_optimizer_holds_state_for_it_a
     model = perturbed_model("tiny", SMALL)
     norm = NormStats(Stats.identity(4), Stats.identity(2))
     actor = Actor(model, norm, env_state_dim=4, env_action_dim=2)
-    learner = Learner(actor, PPOConfig(update_epochs=1, minibatches=2, lr_actor=1e-3, lora=lora))
+    learner = Learner(actor, LearnerConfig(update_epochs=1, minibatches=2, lr_actor=1e-3, lora=lora), PPO(PPOConfig()))
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     groups = model.parameter_groups()
     # prefix: adapters only; expert: all but its adapted layers' base weights; heads: all
@@ -104,14 +105,14 @@ def test_ppo_moves_only_the_trainable_set_and_the_optimizer_holds_state_for_it_a
 
 def test_lora_config_is_checked():
     with pytest.raises(ConfigError, match="freeze_prefix freezes the prefix"):
-        from_dict(TrainConfig, {"ppo": {"freeze_prefix": True, "lora": {"rank": 8}}})
-    from_dict(TrainConfig, {"ppo": {"freeze_prefix": True, "lora": {"rank": 8, "parts": ["expert"]}}})
+        from_dict(TrainConfig, {"learner": {"freeze_prefix": True, "lora": {"rank": 8}}})
+    from_dict(TrainConfig, {"learner": {"freeze_prefix": True, "lora": {"rank": 8, "parts": ["expert"]}}})
     with pytest.raises(ConfigError, match="lora.parts"):
-        from_dict(TrainConfig, {"ppo": {"lora": {"rank": 8, "parts": ["vision"]}}})
+        from_dict(TrainConfig, {"learner": {"lora": {"rank": 8, "parts": ["vision"]}}})
     with pytest.raises(ConfigError, match="lora.targets"):
-        from_dict(TrainConfig, {"ppo": {"lora": {"rank": 8, "targets": ["qproj"]}}})
-    with pytest.raises(ConfigError, match="ppo.lora.rank"):
-        from_dict(TrainConfig, {"ppo": {"lora": {"rank": -1}}})
+        from_dict(TrainConfig, {"learner": {"lora": {"rank": 8, "targets": ["qproj"]}}})
+    with pytest.raises(ConfigError, match="learner.lora.rank"):
+        from_dict(TrainConfig, {"learner": {"lora": {"rank": -1}}})
 
 
 def strip_time(history):
@@ -125,9 +126,9 @@ def test_lora_run_resumes_exactly_and_its_checkpoints_merge_for_eval_and_export(
     lora = {"lora": {"rank": 4, "alpha": 8.0, "parts": ["prefix", "expert"], "dropout": 0.1},
             "update_epochs": 1, "minibatches": 2, "lr_actor": 1e-3}
     quiet = lambda *_: None  # noqa: E731
-    full_trainer = Trainer(train_config(sft_checkpoint, tmp_path / "full", ppo=lora), log=quiet)
+    full_trainer = Trainer(train_config(sft_checkpoint, tmp_path / "full", learner=lora), log=quiet)
     full = full_trainer.run()
-    Trainer(train_config(sft_checkpoint, tmp_path / "part", ppo=lora, iterations=1), log=quiet).run()
+    Trainer(train_config(sft_checkpoint, tmp_path / "part", learner=lora, iterations=1), log=quiet).run()
     resumed = resume_trainer(tmp_path / "part", overrides={"iterations": 2}, log=quiet)
     assert strip_time(resumed.run()) == strip_time(full)
     ckpt = tmp_path / "full" / "checkpoints" / "iter_000002"

@@ -75,7 +75,7 @@ def test_signals_on_made_up_metrics():
         said.append(mon.update(m))
         assert m["health/collapse"] == float(it in (4, 5))   # two in a row: raised at 4, held at 5
     assert said[3] and said[3][0].startswith("health: collapse for 2 iterations (approx-KL 0.9 > 0.5)")
-    assert "lower ppo.lr_actor" in said[3][0]
+    assert "lower learner.lr_actor" in said[3][0]
     assert said[5] == ["health: collapse cleared at iteration 6"] and not any(said[:3]) and not said[4]
 
 
@@ -88,11 +88,11 @@ def run_log(cfg):
 
 def test_a_run_made_to_collapse_says_so(sft_checkpoint, tmp_path, capsys):
     cfg = train_config(sft_checkpoint, tmp_path / "collapse", iterations=3, eval_every=3,
-                       ppo={"update_epochs": 2, "minibatches": 2, "lr_actor": 1.0}, health={"patience": 2},
+                       learner={"update_epochs": 2, "minibatches": 2, "lr_actor": 1.0}, health={"patience": 2},
                        max_skipped_iterations=5)
     history, log = run_log(cfg)
     assert [h.get("health/collapse") for h in history[1:]] == [0.0, 1.0, 1.0]
-    assert "health: collapse for 2 iterations" in log and "lower ppo.lr_actor" in log
+    assert "health: collapse for 2 iterations" in log and "lower learner.lr_actor" in log
     summary = next(line for line in log.splitlines() if line.startswith("summary: health signals raised:"))
     assert "collapse in 2 iterations" in summary   # (a collapsed policy may also lose its successes: no signal)
     assert history[0]["explore/success_ode"] == history[0]["eval/success_once"]
@@ -100,7 +100,7 @@ def test_a_run_made_to_collapse_says_so(sft_checkpoint, tmp_path, capsys):
     # vla-rl report shows it
     assert cli_main(["report", str(tmp_path / "collapse"), "--out", str(tmp_path / "rep")]) == 0
     out = capsys.readouterr().out
-    assert "collapse: iterations 2-3" in out and "lower ppo.lr_actor" in out
+    assert "collapse: iterations 2-3" in out and "lower learner.lr_actor" in out
 
 
 def test_a_run_without_signal_says_so(sft_checkpoint, tmp_path, capsys):

@@ -11,7 +11,8 @@ from helpers import perturbed_model
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
 from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.normalize import NormStats, Stats
-from vla_rl.rl.learner import Learner, PPOConfig
+from vla_rl.rl.algorithms import PPO, PPOConfig
+from vla_rl.rl.learner import Learner, LearnerConfig
 from vla_rl.rl.optim import LeanAdamW, make_optimizer, state_nbytes, stochastic_round
 from vla_rl.rl.rollout import collect_rollout
 
@@ -84,7 +85,7 @@ def rollout_and_model():
 
 def ppo_step(model, norm, ro, **ppo):
     actor = Actor(copy.deepcopy(model), norm, env_state_dim=4, env_action_dim=2)
-    learner = Learner(actor, PPOConfig(update_epochs=2, minibatches=2, lr_actor=1e-3, **ppo))
+    learner = Learner(actor, LearnerConfig(update_epochs=2, minibatches=2, lr_actor=1e-3, **ppo), PPO(PPOConfig()))
     learner.update(ro, iteration=0)
     return learner, {n: p.detach().float() for n, p in actor.model.named_parameters()}
 
@@ -121,7 +122,7 @@ def test_lean_state_survives_a_checkpoint_round_trip(tmp_path):
     path = save_checkpoint(tmp_path, 1, policy=policy_files(learner.actor.model, norm), optimizer=learner.optimizer,
                            skipped_steps=0, keep_last=2)
     other = Learner(Actor(copy.deepcopy(model), norm, env_state_dim=4, env_action_dim=2),
-                    PPOConfig(update_epochs=2, minibatches=2, lr_actor=1e-3, **options))
+                    LearnerConfig(update_epochs=2, minibatches=2, lr_actor=1e-3, **options), PPO(PPOConfig()))
     load_training_state(path, model=other.actor.model, optimizer=other.optimizer, device="cpu")
     a, b = learner.optimizer.state_dict()["state"], other.optimizer.state_dict()["state"]
     assert a.keys() == b.keys() and any("master" in s for s in a.values())
@@ -150,8 +151,8 @@ def test_a_lean_run_resumes_exactly(sft_checkpoint, tmp_path):
     ppo = {"param_dtype": "bf16", "optimizer_state_dtype": "bf16", "update_epochs": 1, "minibatches": 2}
     quiet = lambda *_: None  # noqa: E731
     strip = lambda hs: [{k: v for k, v in h.items() if not k.startswith("time/")} for h in hs]  # noqa: E731
-    full = Trainer(train_config(sft_checkpoint, tmp_path / "full", ppo=ppo), log=quiet).run()
-    Trainer(train_config(sft_checkpoint, tmp_path / "part", ppo=ppo, iterations=1), log=quiet).run()
+    full = Trainer(train_config(sft_checkpoint, tmp_path / "full", learner=ppo), log=quiet).run()
+    Trainer(train_config(sft_checkpoint, tmp_path / "part", learner=ppo, iterations=1), log=quiet).run()
     resumed = resume_trainer(tmp_path / "part", overrides={"iterations": 2}, log=quiet)
     assert resumed.actor.model.action_in.weight.dtype == torch.bfloat16
     assert strip(resumed.run()) == strip(full)

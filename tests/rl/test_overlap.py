@@ -145,7 +145,7 @@ def _config(init, out, **over) -> TrainConfig:
     base = {"init": str(init), "env": {"num_envs": 4, "builtin": {"max_episode_steps": 12}},
             "rollout_chunks": 3, "execute": 4, "iterations": 2, "eval_every": 1, "eval_episodes": 4,
             "save_every": 1, "keep_last": 5, "out": str(out), "progress": False, "tensorboard": False,
-            "sampler": {"num_steps": 3, "method": "noise"}, "ppo": {"update_epochs": 2, "minibatches": 2}}
+            "sampler": {"num_steps": 3, "method": "noise"}, "learner": {"update_epochs": 2, "minibatches": 2}}
     return from_dict(TrainConfig, {**base, **over})
 
 

@@ -24,20 +24,22 @@ def test_demo_rl_stage_stabilisers_reach_the_rl_config(tmp_path):
     from vla_rl.presets import parse_overrides
     from vla_rl.train.demo import DemoConfig, demo_train_config
 
-    ppo = demo_train_config(DemoConfig(), tmp_path / "sft", out=tmp_path / "rl").ppo
-    assert (ppo.critic_warmup_iters, ppo.actor_lr_warmup_iters, ppo.target_kl) == (0, 0, None)
-    assert ppo.lr_actor == 5e-5 and ppo.actor_lr_decay == "cosine"   # the rest is the preset's
+    learner = demo_train_config(DemoConfig(), tmp_path / "sft", out=tmp_path / "rl").learner
+    assert (learner.critic_warmup_iters, learner.actor_lr_warmup_iters, learner.target_kl) == (0, 0, None)
+    assert learner.lr_actor == 5e-5 and learner.actor_lr_decay == "cosine"   # the rest is the preset's
     on = from_dict(DemoConfig, parse_overrides(["rl_critic_warmup=3", "rl_actor_lr_warmup=5", "rl_target_kl=0.05",
                                                 "rl=builtin_flow_noise"]))
-    ppo = demo_train_config(on, tmp_path / "sft", out=tmp_path / "rl").ppo
-    assert (ppo.critic_warmup_iters, ppo.actor_lr_warmup_iters, ppo.target_kl) == (3, 5, 0.05)
-    assert ppo.lr_actor == 4e-5
+    learner = demo_train_config(on, tmp_path / "sft", out=tmp_path / "rl").learner
+    assert (learner.critic_warmup_iters, learner.actor_lr_warmup_iters, learner.target_kl) == (3, 5, 0.05)
+    assert learner.lr_actor == 4e-5
     # an explicit override of the RL stage (bench_robustness --set) wins over the demo's field
-    ppo = demo_train_config(on, tmp_path / "sft", out=tmp_path / "rl", overrides={"ppo": {"target_kl": 0.2}}).ppo
-    assert ppo.target_kl == 0.2 and ppo.critic_warmup_iters == 3
+    learner = demo_train_config(on, tmp_path / "sft", out=tmp_path / "rl",
+                                overrides={"learner": {"target_kl": 0.2}}).learner
+    assert learner.target_kl == 0.2 and learner.critic_warmup_iters == 3
     # unset fields keep the preset's own stabilisers (the PickCube preset warms its critic up for 3 iterations)
-    ppo = demo_train_config(DemoConfig(rl="maniskill_pickcube_flow_noise"), tmp_path / "sft", out=tmp_path / "rl").ppo
-    assert (ppo.critic_warmup_iters, ppo.actor_lr_warmup_iters, ppo.target_kl) == (3, 10, 0.2)
+    learner = demo_train_config(DemoConfig(rl="maniskill_pickcube_flow_noise"), tmp_path / "sft",
+                                out=tmp_path / "rl").learner
+    assert (learner.critic_warmup_iters, learner.actor_lr_warmup_iters, learner.target_kl) == (3, 10, 0.2)
 
 
 def test_demo_states_what_to_expect_only_for_the_measured_settings():

@@ -22,8 +22,9 @@ from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.policies.recompute import activation_checkpointing
 from vla_rl.presets import policy_preset
-from vla_rl.rl.learner import Learner, PPOConfig
-from vla_rl.rl.losses import aggregate_log_prob
+from vla_rl.rl.algorithms import PPO, AlgorithmConfig, PPOConfig, make_algorithm
+from vla_rl.rl.algorithms.base import Batch, Step
+from vla_rl.rl.learner import Learner, LearnerConfig
 from vla_rl.rl.optim import state_nbytes
 from vla_rl.rl.rollout import collect_rollout
 from vla_rl.train.memory_plan import (
@@ -52,11 +53,11 @@ def nbytes(tensors) -> int:
 @pytest.mark.parametrize("method", ["noise", "sde"])
 @pytest.mark.parametrize("options", OPTIONS)
 def test_weights_gradients_and_optimizer_state_are_planned_exactly(options, method):
-    ppo = from_dict(PPOConfig, {"update_epochs": 1, "minibatches": 1, **options})
+    lcfg = from_dict(LearnerConfig, {"update_epochs": 1, "minibatches": 1, **options})
     model = perturbed_model("tiny", SMALL)
     norm = NormStats(Stats.identity(4), Stats.identity(2))
-    planned = static_bytes(meta_learner(model.cfg, ppo), method=method)
-    learner = Learner(Actor(model, norm, env_state_dim=4, env_action_dim=2), ppo)
+    planned = static_bytes(meta_learner(model.cfg, lcfg, AlgorithmConfig()), method=method)
+    learner = Learner(Actor(model, norm, env_state_dim=4, env_action_dim=2), lcfg, PPO(PPOConfig()))
     env = ColorReachEnv(4, config=ColorReachConfig(max_episode_steps=4), seed=0)
     ro, _ = collect_rollout(learner.actor, env, env.reset(seed=0), num_chunks=1, sampler=SamplerConfig(2, method),
                             execute=4, generator=torch.Generator().manual_seed(0))
@@ -118,10 +119,10 @@ def measured_activations(preset: str, n: int, method: str, k: int, parts: str) -
     cfg = policy_preset(preset)
     train = from_dict(TrainConfig, {"model": preset, "env": {"num_envs": n}, "rollout_chunks": 1,
                                     "sampler": {"num_steps": k, "method": method},
-                                    "ppo": {"minibatches": 1, "grad_checkpointing": parts}})
+                                    "learner": {"minibatches": 1, "grad_checkpointing": parts}})
     model = FlowPolicy(cfg)
     learner = Learner(Actor(model, NormStats(Stats.identity(cfg.state_dim), Stats.identity(cfg.action_dim))),
-                      train.ppo)
+                      train.learner, make_algorithm(train.algorithm))
     size = cfg.vision.image_size
     obs = model.prepare({"images": torch.randint(0, 255, (n, cfg.num_cameras, size, size, 3), dtype=torch.uint8),
                          "state": torch.randn(n, cfg.state_dim), "instruction": ["pick up the cube"] * n})
@@ -129,17 +130,17 @@ def measured_activations(preset: str, n: int, method: str, k: int, parts: str) -
     with torch.no_grad():
         s = flow.sample(model.field(model.encode_prefix(obs)), torch.randn(n, cfg.action_horizon, cfg.action_dim),
                         num_steps=k, method=method, generator=torch.Generator().manual_seed(0))
-    ro = type("R", (), {"sampler": SamplerConfig(k, method), "execute": cfg.action_horizon})()
-    old = aggregate_log_prob(s.log_probs, s.stochastic, train.ppo.log_prob, executed=cfg.action_horizon,
-                             dim_mask=learner.actor.dim_mask)
+    algo = learner.algorithm
+    step = Step(SamplerConfig(k, method), cfg.action_horizon, learner.actor.dim_mask)
     zeros = torch.zeros(n)
+    batch = algo.prepare(Batch(obs, s.chain, s.stochastic, s.log_probs, zeros, zeros, zeros), step)
     for p in learner.params:
         p.grad = torch.zeros_like(p)
     model.train()
     gc.collect()
     start = heap_in_use()
     with activation_checkpointing(model, parts), PeakHeap() as peak:
-        loss, _ = learner._loss(obs, s.chain, s.stochastic, old, zeros, zeros, zeros, False, ro)
+        loss, _ = algo.loss(learner.actor, batch, step)
         loss.backward()
         del loss
     return peak.peak - start, train
@@ -174,7 +175,7 @@ def narrow_model(tmp_path_factory):
 
 def test_a_config_that_cannot_fit_is_refused_with_settings_that_would_fit(narrow_model):
     cfg = from_dict(TrainConfig, {"model": narrow_model, "env": {"num_envs": 16}, "rollout_chunks": 2,
-                                  "sampler": {"num_steps": 4, "method": "noise"}, "ppo": {"minibatches": 1}})
+                                  "sampler": {"num_steps": 4, "method": "noise"}, "learner": {"minibatches": 1}})
     plan = plan_memory(cfg, cuda=False)
     static = sum(b for what, b, _ in plan.rows if not what.startswith(("activations", "sampling")))
     budget = static + RESERVE + (plan.total - static) // 3   # room for a third of the activations
@@ -184,7 +185,7 @@ def test_a_config_that_cannot_fit_is_refused_with_settings_that_would_fit(narrow
                    max_suggestions=2)
     assert "does NOT fit" in lines[0] and "it would fit with" in str(err.value)
     fixes = str(err.value).split("it would fit with ", 1)[1]
-    assert "ppo.grad_accum=" in fixes or "ppo.grad_checkpointing=all" in fixes
+    assert "learner.grad_accum=" in fixes or "learner.grad_checkpointing=all" in fixes
     for fix in [f.strip(" `") for f in fixes.split(" (memory_plan")[0].split("; or")][:2]:   # each suggestion fits
         over = dict(item.split("=", 1) for item in fix.split())
         changed = copy.deepcopy(from_dict(TrainConfig, _nest(over, cfg)))

@@ -56,7 +56,7 @@ def test_time_budget_stops_cleanly_with_an_evaluation_and_a_checkpoint(sft_check
 
     monkeypatch.setattr(vla_rl.core.progress, "LOG_INTERVAL_S", 0.0)   # a line at every update
     out, full = tmp_path / "budget", tmp_path / "full"
-    over = {"eval_every": 5, "save_every": 5, "ppo": {"update_epochs": 1, "minibatches": 2}}
+    over = {"eval_every": 5, "save_every": 5, "learner": {"update_epochs": 1, "minibatches": 2}}
     yaml.safe_dump(to_dict(train_config(sft_checkpoint, out, **over)), (tmp_path / "run.yaml").open("w"))
     assert cli_main(["train", str(tmp_path / "run.yaml"), "max_minutes=1e-6", "progress=true"]) == 0
     printed = capsys.readouterr()
@@ -87,11 +87,11 @@ def test_resume_errors_are_clear(sft_checkpoint, tmp_path):
 
 
 def test_config_errors_name_the_key(sft_checkpoint, tmp_path):
-    with pytest.raises(ConfigError, match="ppo.lr_actr"):
-        train_config(sft_checkpoint, tmp_path, ppo={"lr_actr": 1.0})
+    with pytest.raises(ConfigError, match="learner.lr_actr"):
+        train_config(sft_checkpoint, tmp_path, learner={"lr_actr": 1.0})
     with pytest.raises(ConfigError, match="sampler.method"):
         Trainer(train_config(sft_checkpoint, tmp_path, sampler={"method": "ode"}), log=lambda *_: None)
-    assert cli_main(["train", "builtin_flow_noise", "ppo.nope=1"]) == 2
+    assert cli_main(["train", "builtin_flow_noise", "learner.nope=1"]) == 2
 
 
 @pytest.fixture
@@ -153,7 +153,7 @@ def test_cli_train_and_eval(sft_checkpoint, tmp_path, capsys):
     out = tmp_path / "cli"
     # overrides on both sides of a flag are all taken
     rc = cli_main(["train", "builtin_flow_sde", f"init={sft_checkpoint}", f"out={out}", "--no-progress",
-                   "iterations=1", "env.num_envs=8", "eval_episodes=8", "rollout_chunks=2", "ppo.update_epochs=1",
+                   "iterations=1", "env.num_envs=8", "eval_episodes=8", "rollout_chunks=2", "learner.update_epochs=1",
                    "tensorboard=false"])
     assert rc == 0
     assert "eval success" in capsys.readouterr().out
@@ -188,7 +188,7 @@ def test_eval_with_the_stochastic_samplers(sft_checkpoint, monkeypatch, capsys):
 
 
 def test_grpo_chunk_advantages_by_hand():
-    from vla_rl.rl.learner import grpo_chunk_advantages
+    from vla_rl.rl.algorithms import GRPO, GRPOConfig
     from vla_rl.rl.rollout import Rollout
 
     # 4 envs in 2 groups, 3 chunks. Env 0 succeeds at chunk 1 (return 1.5), env 1 never ends (return 0.3);
@@ -200,7 +200,9 @@ def test_grpo_chunk_advantages_by_hand():
     ro = Rollout(obs={}, chain=z, stochastic=z, log_probs=z, entropy=z, values=z, rewards=rewards,
                  terminated=term, truncated=torch.zeros_like(term), success=success, final_values=z,
                  last_values=torch.zeros(4), sampler=SamplerConfig(4, "sde"), execute=8)
-    adv, mask = grpo_chunk_advantages(ro, group_size=2, filter_degenerate=True)
+    out = GRPO(GRPOConfig(group_size=2, filter=True)).advantages(ro)
+    adv, mask = out.advantages, out.mask
+    assert out.returns is None   # no critic
     a = (1.5 - 0.9) / (0.6 + 1e-6)
     torch.testing.assert_close(adv[:, 0], torch.tensor([a, a, 0.0]))
     torch.testing.assert_close(adv[:, 1], torch.tensor([-a, -a, -a]))
@@ -209,7 +211,8 @@ def test_grpo_chunk_advantages_by_hand():
 
 def test_grpo_run_groups_envs_by_initial_state(sft_checkpoint, tmp_path):
     cfg = train_config(sft_checkpoint, tmp_path / "grpo", iterations=1, env={"num_envs": 8},
-                 ppo={"algorithm": "grpo", "group_size": 4, "update_epochs": 1, "minibatches": 1})
+                       algorithm={"name": "grpo", "grpo": {"group_size": 4}},
+                       learner={"update_epochs": 1, "minibatches": 1})
     trainer = Trainer(cfg, log=lambda *_: None)
     obs = trainer.env.reset(seed=3, group_size=4)
     assert torch.equal(obs["images"][0], obs["images"][3]) and not torch.equal(obs["images"][0], obs["images"][4])
@@ -220,13 +223,14 @@ def test_grpo_run_groups_envs_by_initial_state(sft_checkpoint, tmp_path):
 def test_critic_warm_up_moves_the_value_head_only(sft_checkpoint):
     from vla_rl.checkpoint.policy import load_policy
     from vla_rl.envs.builtin import ColorReachEnv
-    from vla_rl.rl.learner import Learner, PPOConfig
+    from vla_rl.rl.algorithms import PPO, PPOConfig
+    from vla_rl.rl.learner import Learner, LearnerConfig
     from vla_rl.rl.rollout import collect_rollout
 
     model, norm, _ = load_policy(sft_checkpoint)
     actor = Actor(model, norm)
     env = ColorReachEnv(8, seed=0)
-    learner = Learner(actor, PPOConfig(critic_warmup_iters=1, update_epochs=1, minibatches=2))
+    learner = Learner(actor, LearnerConfig(critic_warmup_iters=1, update_epochs=1, minibatches=2), PPO(PPOConfig()))
     ro, _ = collect_rollout(actor, env, env.reset(seed=0), num_chunks=2, sampler=SamplerConfig(4, "sde"),
                             execute=8, generator=torch.Generator().manual_seed(0))
 
@@ -275,7 +279,8 @@ def test_each_observation_is_prepared_once_and_the_learner_reuses_the_stored_inp
     them again."""
     from vla_rl.checkpoint.policy import load_policy
     from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv
-    from vla_rl.rl.learner import Learner, PPOConfig
+    from vla_rl.rl.algorithms import PPO, PPOConfig
+    from vla_rl.rl.learner import Learner, LearnerConfig
     from vla_rl.rl.rollout import collect_rollout
 
     model, norm, _ = load_policy(sft_checkpoint)
@@ -289,15 +294,17 @@ def test_each_observation_is_prepared_once_and_the_learner_reuses_the_stored_inp
     assert truncated >= 1 and len(calls) == 3 + 1 + truncated
     assert set(ro.obs) == {"images", "image_mask", "state", "tokens", "token_mask"}
     calls.clear()
-    Learner(actor, PPOConfig(update_epochs=1, minibatches=2)).update(ro, iteration=0)
+    Learner(actor, LearnerConfig(update_epochs=1, minibatches=2), PPO(PPOConfig())).update(ro, iteration=0)
     assert calls == []
 
 
 def test_freeze_prefix_leaves_the_models_prefix_group_out_of_the_optimizer():
-    from vla_rl.rl.learner import Learner, PPOConfig
+    from vla_rl.rl.algorithms import PPO, PPOConfig
+    from vla_rl.rl.learner import Learner, LearnerConfig
 
     model = FlowPolicy(policy_preset("tiny", SMALL))
-    learner = Learner(Actor(model, NormStats(Stats.identity(4), Stats.identity(2))), PPOConfig(freeze_prefix=True))
+    learner = Learner(Actor(model, NormStats(Stats.identity(4), Stats.identity(2))), LearnerConfig(freeze_prefix=True),
+                      PPO(PPOConfig()))
     groups = model.parameter_groups()
     optimized = {id(p) for g in learner.optimizer.param_groups for p in g["params"]}
     assert not any(p.requires_grad or id(p) in optimized for p in groups["prefix"].values())
@@ -305,11 +312,11 @@ def test_freeze_prefix_leaves_the_models_prefix_group_out_of_the_optimizer():
 
 
 def test_actor_learning_rate_schedule_by_hand():
-    from vla_rl.rl.learner import PPOConfig, actor_lr_scale
+    from vla_rl.rl.learner import LearnerConfig, actor_lr_scale
 
-    cfg = PPOConfig(critic_warmup_iters=2, actor_lr_warmup_iters=4)
+    cfg = LearnerConfig(critic_warmup_iters=2, actor_lr_warmup_iters=4)
     assert [actor_lr_scale(i, cfg) for i in range(8)] == [0.0, 0.0, 0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
-    assert [actor_lr_scale(i, PPOConfig()) for i in range(3)] == [1.0, 1.0, 1.0]
+    assert [actor_lr_scale(i, LearnerConfig()) for i in range(3)] == [1.0, 1.0, 1.0]
     # constant (the default) ignores the run length
     assert [actor_lr_scale(i, cfg, 8) for i in range(8)] == [0.0, 0.0, 0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
 
@@ -317,39 +324,39 @@ def test_actor_learning_rate_schedule_by_hand():
 def test_actor_learning_rate_decay_by_hand():
     import math
 
-    from vla_rl.rl.learner import PPOConfig, actor_lr_scale
+    from vla_rl.rl.learner import LearnerConfig, actor_lr_scale
 
     # critic warm-up 1, ramp over 2 (0.5 at iteration 1, 1.0 at 2), then linear to 0.2 at the last iteration (6)
-    lin = PPOConfig(critic_warmup_iters=1, actor_lr_warmup_iters=2, actor_lr_decay="linear", actor_lr_final=0.2)
+    lin = LearnerConfig(critic_warmup_iters=1, actor_lr_warmup_iters=2, actor_lr_decay="linear", actor_lr_final=0.2)
     got = [actor_lr_scale(i, lin, 7) for i in range(9)]
     want = [0.0, 0.5, 1.0, 0.8, 0.6, 0.4, 0.2, 0.2, 0.2]  # past the end (a resumed, extended run): stays at 0.2
     assert all(math.isclose(g, w) for g, w in zip(got, want, strict=True)), got
     # cosine from iteration 0 over 5 iterations: 1, (1 + cos(pi/4)) / 2, 1/2, (1 - cos(pi/4)) / 2, 0
-    cos = PPOConfig(actor_lr_decay="cosine", actor_lr_final=0.0)
+    cos = LearnerConfig(actor_lr_decay="cosine", actor_lr_final=0.0)
     got = [actor_lr_scale(i, cos, 5) for i in range(5)]
     want = [1.0, (1 + math.sqrt(0.5)) / 2, 0.5, (1 - math.sqrt(0.5)) / 2, 0.0]
     assert all(math.isclose(g, w, abs_tol=1e-12) for g, w in zip(got, want, strict=True)), got
     assert actor_lr_scale(3, cos, None) == 1.0  # no run length known: no decay
     # linear from update 4 (after a ramp that ends at 1): 1 until 4, then to 0.2 at the last update (6)
-    late = PPOConfig(actor_lr_warmup_iters=2, actor_lr_decay="linear", actor_lr_final=0.2, actor_lr_decay_start=4)
+    late = LearnerConfig(actor_lr_warmup_iters=2, actor_lr_decay="linear", actor_lr_final=0.2, actor_lr_decay_start=4)
     got = [actor_lr_scale(i, late, 7) for i in range(8)]
     want = [0.5, 1.0, 1.0, 1.0, 1.0, 0.6, 0.2, 0.2]
     assert all(math.isclose(g, w) for g, w in zip(got, want, strict=True)), got
     # step: the PickCube Flow-Noise preset's schedule (full lr to update 109, then 0.2 x lr), scaled down
-    step = PPOConfig(critic_warmup_iters=1, actor_lr_warmup_iters=2, actor_lr_decay="step", actor_lr_final=0.2,
+    step = LearnerConfig(critic_warmup_iters=1, actor_lr_warmup_iters=2, actor_lr_decay="step", actor_lr_final=0.2,
                      actor_lr_decay_start=4)
     assert [actor_lr_scale(i, step) for i in range(7)] == [0.0, 0.5, 1.0, 1.0, 0.2, 0.2, 0.2]
     assert [actor_lr_scale(i, step, 5) for i in range(7)] == [0.0, 0.5, 1.0, 1.0, 0.2, 0.2, 0.2]
     for bad in ({"actor_lr_decay": "exp"}, {"actor_lr_final": 1.5}, {"actor_lr_final": -0.1},
                 {"actor_lr_decay": "step"}, {"actor_lr_decay_start": -1}):
         with pytest.raises(ConfigError, match="actor_lr_"):
-            PPOConfig(**bad)
+            LearnerConfig(**bad)
 
 
 def test_trainer_decays_the_actor_learning_rate_over_the_run(sft_checkpoint, tmp_path):
     cfg = train_config(sft_checkpoint, tmp_path / "decay", iterations=3, eval_every=3, save_every=3,
-                 ppo={"update_epochs": 1, "minibatches": 1, "lr_actor": 1e-4, "actor_lr_decay": "linear",
-                      "actor_lr_final": 0.5})
+                       learner={"update_epochs": 1, "minibatches": 1, "lr_actor": 1e-4, "actor_lr_decay": "linear",
+                                "actor_lr_final": 0.5})
     trainer = Trainer(cfg, log=lambda *_: None)
     trainer.run()
     lrs = [h["train/lr_actor"] for h in trainer.history if "train/lr_actor" in h]
@@ -372,12 +379,9 @@ def test_rollout_seeds_are_disjoint_across_iterations_and_away_from_demo_and_eva
 
 
 def test_reward_scale_scales_the_value_targets(sft_checkpoint, tmp_path):
-    from vla_rl.checkpoint.policy import load_policy
-    from vla_rl.rl.learner import Learner, PPOConfig
+    from vla_rl.rl.algorithms import PPO, PPOConfig
     from vla_rl.rl.rollout import Rollout
 
-    model, norm, _ = load_policy(sft_checkpoint)
-    actor = Actor(model, norm)
     # 2 envs, 2 chunks; env 0 ends at chunk 0 (terminated), env 1 runs on and bootstraps from last_values.
     rewards = torch.tensor([[-4.0, -2.0], [-6.0, -8.0]])
     term = torch.tensor([[True, False], [False, False]])
@@ -386,13 +390,12 @@ def test_reward_scale_scales_the_value_targets(sft_checkpoint, tmp_path):
     ro = Rollout(obs={}, chain=z, stochastic=z, log_probs=z, entropy=z, values=values, rewards=rewards,
                  terminated=term, truncated=torch.zeros_like(term), success=term, final_values=z,
                  last_values=torch.tensor([-0.5, -0.6]), sampler=SamplerConfig(4, "sde"), execute=8)
-    learner = Learner(actor, PPOConfig(reward_scale=0.05, gamma=0.9, lam=1.0, normalize_advantages=False))
-    _, ret, _ = learner.compute_advantages(ro)
+    ret = PPO(PPOConfig(reward_scale=0.05, gamma=0.9, lam=1.0, normalize_advantages=False)).advantages(ro).returns
     # lam = 1: returns are the discounted scaled rewards plus the discounted bootstrap value
     expected = torch.tensor([[-0.2, -0.1 + 0.9 * (-0.4 + 0.9 * -0.6)], [-0.3 + 0.9 * -0.5, -0.4 + 0.9 * -0.6]])
     torch.testing.assert_close(ret, expected)
     with pytest.raises(ConfigError, match="reward_scale"):
-        train_config(sft_checkpoint, tmp_path, ppo={"reward_scale": 0.0})
+        train_config(sft_checkpoint, tmp_path, algorithm={"ppo": {"reward_scale": 0.0}})
 
 
 def test_actor_and_critic_gradients_are_clipped_separately():
@@ -490,8 +493,8 @@ def test_best_checkpoint_is_the_best_evaluation_and_survives_resume(sft_checkpoi
     # A large actor lr so the evaluations move; every checkpoint kept so each iteration's weights can be compared.
     # Resumed after 4 of 5 iterations: with these seeds iteration 4 sets the maximum and 5 ties it, so a trainer
     # that forgot the history before the resume would overwrite best with iteration 5.
-    over = {"iterations": 4, "eval_episodes": 8, "keep_last": 10, "ppo": {"lr_actor": 3e-3, "update_epochs": 2,
-                                                                          "minibatches": 2}}
+    over = {"iterations": 4, "eval_episodes": 8, "keep_last": 10, "learner": {"lr_actor": 3e-3, "update_epochs": 2,
+                                                                              "minibatches": 2}}
     Trainer(train_config(sft_checkpoint, tmp_path, **over), log=lambda *_: None).run()
     history = resume_trainer(tmp_path, overrides={"iterations": 5}, log=lambda *_: None).run()
     evals = [(h["iteration"], h["eval/success_once"]) for h in history if "eval/success_once" in h]

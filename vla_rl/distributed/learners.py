@@ -30,7 +30,8 @@ from vla_rl.policies.lora import apply_lora
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats
 from vla_rl.policies.policy_config import PolicyConfig
-from vla_rl.rl.learner import Learner, PPOConfig
+from vla_rl.rl.algorithms.base import Algorithm
+from vla_rl.rl.learner import Learner, LearnerConfig
 from vla_rl.rl.rollout import Rollout
 
 
@@ -51,7 +52,8 @@ class LearnerSpec:
     env_action_dim: int
     action_low: float
     action_high: float
-    ppo: PPOConfig
+    learner: LearnerConfig
+    algorithm: Algorithm
     bf16: bool
     total_iterations: int | None
     optimizer: dict
@@ -65,7 +67,8 @@ class LearnerSpec:
             norm={k: v.cpu() for k, v in actor.norm.to_tensors().items()}, norm_mode=actor.norm.mode,
             hidden_state=tuple(actor.norm.hidden_state), env_state_dim=actor.env_state_dim,
             env_action_dim=actor.env_action_dim, action_low=actor.action_low, action_high=actor.action_high,
-            ppo=learner.cfg, bf16=learner.bf16, total_iterations=learner.total_iterations,
+            learner=learner.cfg, algorithm=learner.algorithm, bf16=learner.bf16,
+            total_iterations=learner.total_iterations,
             optimizer=to_cpu(learner.optimizer.state_dict()), skipped_steps=learner.skipped_steps)
 
 
@@ -83,8 +86,9 @@ def to_cpu(tree):
 def rollout_to(ro: Rollout, device: torch.device | str) -> Rollout:
     """The rollout with its tensors on ``device`` (the episode lists stay as they are)."""
     move = lambda x: x.to(device) if isinstance(x, Tensor) else x  # noqa: E731
-    return replace(ro, **{f.name: ({k: move(v) for k, v in getattr(ro, f.name).items()} if f.name == "obs"
-                                   else move(getattr(ro, f.name))) for f in fields(ro) if f.name != "episodes"})
+    return replace(ro, **{f.name: ({k: move(v) for k, v in getattr(ro, f.name).items()}
+                                   if f.name in ("obs", "extras") else move(getattr(ro, f.name)))
+                          for f in fields(ro) if f.name != "episodes"})
 
 
 def trainable_weights(model: torch.nn.Module) -> dict[str, Tensor]:
@@ -111,7 +115,7 @@ class LearnerWorker:
         self.rank, self.world, self.sharded = rank, world, sharded
         self.device = torch.device(device)
         model = FlowPolicy(spec.policy)
-        apply_lora(model, spec.ppo.lora)   # the trainer's learner sends its adapters with the weights
+        apply_lora(model, spec.learner.lora)   # the trainer's learner sends its adapters with the weights
         model.load_state_dict(spec.weights)
         # a sharded learner's whole model stays on the CPU: sharding moves each learner's shards to its device
         model = model.to("cpu" if sharded else self.device).eval()
@@ -127,7 +131,8 @@ class LearnerWorker:
             sync = lambda params, metrics: sum_over_learners(params, metrics, reduce)  # noqa: E731
             if sharded:   # FSDP sums the gradients itself; only the metrics are combined
                 sync = metrics_sync(reduce, self.device)
-        self.learner = Learner(actor, spec.ppo, bf16=spec.bf16, total_iterations=spec.total_iterations,
+        self.learner = Learner(actor, spec.learner, spec.algorithm, bf16=spec.bf16,
+                               total_iterations=spec.total_iterations,
                                shard=(rank, world), sync=sync)
         self.learner.optimizer.load_state_dict(spec.optimizer)
         self.learner.skipped_steps = spec.skipped_steps

@@ -9,18 +9,20 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from vla_rl.core.shapes import Bool, Float, Int
+
 
 def gae(
     *,
-    rewards: Tensor,
-    values: Tensor,
-    terminated: Tensor,
-    truncated: Tensor,
-    final_values: Tensor,
-    last_values: Tensor,
+    rewards: Float[Tensor, "t n"],
+    values: Float[Tensor, "t n"],
+    terminated: Bool[Tensor, "t n"],
+    truncated: Bool[Tensor, "t n"],
+    final_values: Float[Tensor, "t n"],
+    last_values: Float[Tensor, " n"],
     gamma: float,
     lam: float,
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Float[Tensor, "t n"], Float[Tensor, "t n"]]:
     """Generalised advantage estimation over chunk steps.
 
     rewards, values, terminated, truncated, final_values: ``[T, N]``; last_values ``[N]`` (value of the
@@ -47,7 +49,8 @@ def gae(
     return adv, adv + values
 
 
-def normalize(adv: Tensor, mask: Tensor | None = None, eps: float = 1e-8) -> Tensor:
+def normalize(adv: Float[Tensor, "*s"], mask: Bool[Tensor, "*s"] | None = None, eps: float = 1e-8
+              ) -> Float[Tensor, "*s"]:
     """Zero-mean, unit-std advantages (statistics over ``mask`` entries only, if given)."""
     x = adv if mask is None else adv[mask]
     if x.numel() < 2:
@@ -57,12 +60,12 @@ def normalize(adv: Tensor, mask: Tensor | None = None, eps: float = 1e-8) -> Ten
 
 def grpo(
     *,
-    returns: Tensor,
-    groups: Tensor,
-    success: Tensor | None = None,
+    returns: Float[Tensor, " e"],
+    groups: Int[Tensor, " e"],
+    success: Bool[Tensor, " e"] | None = None,
     filter_degenerate: bool = True,
     eps: float = 1e-6,
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Float[Tensor, " e"], Bool[Tensor, " e"]]:
     """GRPO: episode returns ``[E]`` normalised within their group ``groups`` ``[E]`` (episodes that
     share an initial state). Returns ``(advantages [E], keep [E] bool)``.
 

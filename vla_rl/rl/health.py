@@ -30,10 +30,11 @@ HINTS = {
                  "better SFT policy, lower the exploration noise (sampler.noise_level; the Flow-Noise std bounds "
                  "at SFT), or give the task a denser reward",
     "collapse": "the updates move the policy too far (approx-KL / clip fraction high, updates skipped, or the "
-                "Flow-Noise std at its floor): lower ppo.lr_actor, set ppo.target_kl, or add "
-                "ppo.actor_lr_warmup_iters",
+                "Flow-Noise std at its floor): lower learner.lr_actor, set learner.target_kl, or add "
+                "learner.actor_lr_warmup_iters",
     "value_blind": "the value function explains none of the returns' variance, so advantages are mostly noise: "
-                   "raise ppo.lr_critic, add ppo.critic_warmup_iters, or scale the rewards (ppo.reward_scale)",
+                   "raise learner.lr_critic, add learner.critic_warmup_iters, or scale the rewards "
+                   "(algorithm.<name>.reward_scale)",
 }
 
 

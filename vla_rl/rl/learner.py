@@ -1,8 +1,11 @@
-"""The learner: PPO epochs over a rollout's chunk samples, with separate actor / critic learning rates,
-gradient accumulation, clipping, optional prefix freezing, bf16 autocast on GPU, and skipped
-(never applied) non-finite steps.
+"""The learner: epochs of minibatch updates over a rollout's chunk samples, for any RL method of
+:mod:`vla_rl.rl.algorithms` (which gives the advantages and the loss). What every method shares lives here:
+separate actor / critic learning rates and their schedule, gradient accumulation, clipping, optional prefix
+freezing and LoRA, bf16 autocast on GPU, skipped (never applied) non-finite steps, the KL early stop, and the
+data-parallel gradient sync.
 
-Glossary: B samples (chunks) in a minibatch, K denoising steps, H actions per chunk, A action dims.
+Glossary: T chunk steps, N envs, B samples (chunks) in a minibatch, K denoising steps, H actions per chunk,
+A action dims.
 """
 
 from __future__ import annotations
@@ -17,40 +20,21 @@ import torch
 from torch import Tensor
 
 from vla_rl.core.ranges import ConfigError, check_ranges, fraction, nonneg, positive, ranged
-from vla_rl.policies import flow
 from vla_rl.policies.actor import Actor
 from vla_rl.policies.inference import cast_weights
 from vla_rl.policies.lora import LoRAConfig, apply_lora, frozen_by_lora
 from vla_rl.policies.recompute import activation_checkpointing
-from vla_rl.rl import advantages as adv_lib
 from vla_rl.rl import losses
-from vla_rl.rl.losses import LogProbConfig, aggregate_log_prob
+from vla_rl.rl.algorithms.base import Algorithm, Batch, Step
 from vla_rl.rl.optim import make_optimizer
 from vla_rl.rl.rollout import Rollout
 
 
 @dataclass(frozen=True)
-class PPOConfig:
-    # "ppo": GAE advantages from the critic; "grpo": group-normalised returns of each env's first episode,
-    # groups of `group_size` envs sharing an initial state (the run resets the env with group_size and the rollout
-    # records it).
-    algorithm: Literal["ppo", "grpo"] = "ppo"
-    group_size: int = ranged(8, 2)
-    grpo_filter: bool = True
-    gamma: float = fraction(0.99)
-    lam: float = fraction(0.95)
-    # Rewards are multiplied by this before GAE. Keeps the value targets O(1) under a per-step cost
-    # (ManiSkill's dense_cost: PickCube episodes sum to -60..-110, iteration means of rollout/return): the
-    # value head's Adam steps (~lr_critic each) and the value clip (0.2 per update) could not follow
-    # targets that far from the start.
-    reward_scale: float = positive(1.0)
-    clip: float = positive(0.2)
-    dual_clip: float | None = ranged(3.0, 1, None, lo_open=True)   # a ratio bound on negative advantages: > 1
-    value_clip: float | None = positive(0.2)
-    huber_delta: float = positive(1.0)
-    value_coef: float = nonneg(1.0)
-    entropy_coef: float = nonneg(0.0)
-    normalize_advantages: bool = True
+class LearnerConfig:
+    """How the learner updates, whatever the method: epochs, minibatches, learning rates and their schedule,
+    clipping, what trains (prefix, LoRA) and in which precision."""
+
     update_epochs: int = ranged(4, 1)
     minibatches: int = ranged(4, 1)
     grad_accum: int = ranged(1, 1)
@@ -86,28 +70,27 @@ class PPOConfig:
     # ones; the rollouts sample with the bf16 weights) and Adam moments stored in bf16.
     param_dtype: Literal["fp32", "bf16"] = "fp32"
     optimizer_state_dtype: Literal["fp32", "bf16"] = "fp32"
-    log_prob: LogProbConfig = LogProbConfig()
 
     def __post_init__(self):
         check_ranges(self)
         if self.actor_lr_decay not in ("constant", "linear", "cosine", "step"):
-            raise ConfigError("ppo.actor_lr_decay must be constant, linear, cosine or step, "
+            raise ConfigError("actor_lr_decay must be constant, linear, cosine or step, "
                               f"got {self.actor_lr_decay!r}")
         for key in ("param_dtype", "optimizer_state_dtype"):
             if getattr(self, key) not in ("fp32", "bf16"):
-                raise ConfigError(f"ppo.{key} must be fp32 or bf16, got {getattr(self, key)!r}")
+                raise ConfigError(f"{key} must be fp32 or bf16, got {getattr(self, key)!r}")
         if self.freeze_prefix and self.lora.enabled and "prefix" in self.lora.parts:
-            raise ConfigError("ppo.freeze_prefix freezes the prefix, ppo.lora.parts adapts it: set "
-                              "ppo.lora.parts=[expert] or drop freeze_prefix")
+            raise ConfigError("freeze_prefix freezes the prefix, lora.parts adapts it: set "
+                              "learner.lora.parts=[expert] or drop freeze_prefix")
         if self.actor_lr_decay == "step" and self.actor_lr_decay_start == 0:
-            raise ConfigError("ppo.actor_lr_decay=step needs ppo.actor_lr_decay_start: the update (0-based) "
+            raise ConfigError("actor_lr_decay=step needs actor_lr_decay_start: the update (0-based) "
                               "from which the actor lr is actor_lr_final x lr_actor")
 
 
 class Learner:
-    """PPO on ``actor``'s model. Each rollout says how it was sampled (``Rollout.sampler``, ``.execute``); the
-    learner recomputes the chain's log-densities the same way and aggregates both old and new ones with
-    ``cfg.log_prob``.
+    """``algorithm`` (:class:`~vla_rl.rl.algorithms.base.Algorithm`) on ``actor``'s model with ``cfg``. Each
+    rollout says how it was sampled (``Rollout.sampler``, ``.execute``); the algorithm reads that from the
+    :class:`~vla_rl.rl.algorithms.base.Step` it is given.
 
     Data-parallel (``shard = (rank, world)``, ``world`` > 1): every learner holds the whole rollout, computes
     the same advantages and minibatch order, and runs the loss on its share of each minibatch (samples
@@ -116,15 +99,18 @@ class Learner:
     (:func:`vla_rl.distributed.gradsync.sum_over_learners`), so every learner takes the step one learner would
     take on the whole minibatch and the replicas stay equal."""
 
-    def __init__(self, actor: Actor, cfg: PPOConfig, *, bf16: bool = False, total_iterations: int | None = None,
-                 shard: tuple[int, int] = (0, 1),
+    def __init__(self, actor: Actor, cfg: LearnerConfig, algorithm: Algorithm, *, bf16: bool = False,
+                 total_iterations: int | None = None, shard: tuple[int, int] = (0, 1),
                  sync: Callable[[list[Tensor], dict[str, float]], dict[str, float]] | None = None):
         rank, world = shard
         if not 0 <= rank < world:
             raise ValueError(f"shard {shard}: need 0 <= rank < world")
         if world > 1 and sync is None:
             raise ValueError("data-parallel learners (world > 1) need a sync function")
-        self.actor, self.cfg = actor, cfg
+        if cfg.critic_warmup_iters and not algorithm.uses_critic:
+            raise ConfigError(f"learner.critic_warmup_iters = {cfg.critic_warmup_iters}: algorithm "
+                              f"{algorithm.name} trains no critic")
+        self.actor, self.cfg, self.algorithm = actor, cfg, algorithm
         self.bf16, self.shard, self.sync = bf16, shard, sync
         self.total_iterations = total_iterations  # the decay's end; None: no decay (constant after warm-up)
         model = actor.model
@@ -151,41 +137,20 @@ class Learner:
         self.skipped_steps = 0   # over the run (saved in checkpoints)
         self.applied_steps = 0   # in the last update() (0 with samples: every step was skipped)
 
-    def compute_advantages(self, ro: Rollout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Advantages, value targets and a mask of the samples that take part, all ``[T, N]``."""
-        cfg = self.cfg
-        adv, ret = adv_lib.gae(rewards=ro.rewards * cfg.reward_scale, values=ro.values, terminated=ro.terminated,
-                               truncated=ro.truncated, final_values=ro.final_values, last_values=ro.last_values,
-                               gamma=cfg.gamma, lam=cfg.lam)
-        mask = torch.ones_like(adv, dtype=torch.bool)
-        if cfg.algorithm == "grpo":
-            adv, mask = grpo_chunk_advantages(ro, group_size=ro.group_size, filter_degenerate=cfg.grpo_filter)
-        elif cfg.normalize_advantages:
-            adv = adv_lib.normalize(adv, ro.valid)
-        if ro.valid is not None:   # chunks of episodes lost to a dead env worker take no part
-            mask = mask & ro.valid
-        return adv, ret, mask
-
     def update(self, ro: Rollout, *, iteration: int) -> dict[str, float]:
-        """PPO epochs over ``ro``; returns averaged metrics (the fixed names of docs/training.md)."""
-        cfg, model = self.cfg, self.actor.model
-        adv, ret, mask = self.compute_advantages(ro)
-        t_len, n = ro.values.shape
-        flat = lambda x: x.reshape(t_len * n, *x.shape[2:])  # noqa: E731
-        valid = flat(mask).nonzero(as_tuple=True)[0]
+        """Epochs of minibatch steps over ``ro``; returns averaged metrics (the fixed names of docs/training.md)."""
+        cfg, model, algo = self.cfg, self.actor.model, self.algorithm
+        adv = algo.advantages(ro)
+        mask = adv.mask if ro.valid is None else adv.mask & ro.valid   # chunks of episodes lost to a dead worker
+        valid = mask.reshape(-1).nonzero(as_tuple=True)[0]
         total = valid.numel()
         self.applied_steps = 0
         if total == 0:  # e.g. GRPO with every group all-success or all-failure: nothing to learn from
             return {"train/samples": 0.0, "train/skipped_steps": float(self.skipped_steps)}
-        if ro.sampler.method == "ode":
-            raise ValueError("the rollout was sampled with the ODE sampler, which has no likelihood: PPO needs "
-                             "method sde or noise")
-        obs = {k: flat(v) for k, v in ro.obs.items()}
-        chain, stoch = flat(ro.chain), flat(ro.stochastic)
-        old_lp = aggregate_log_prob(flat(ro.log_probs), stoch, cfg.log_prob, executed=ro.execute,
-                                    dim_mask=self.actor.dim_mask)
-        old_v, adv, ret = flat(ro.values), flat(adv), flat(ret)
+        algo.check_sampler(ro.sampler)
         critic_only = iteration < cfg.critic_warmup_iters
+        step = Step(ro.sampler, ro.execute, self.actor.dim_mask, train_policy=not critic_only)
+        batch = algo.prepare(Batch.of(ro, adv), step)
         lr_actor = cfg.lr_actor * actor_lr_scale(iteration, cfg, self.total_iterations)
         for group in self.optimizer.param_groups:  # the schedule is a function of the iteration alone
             if group.get("name") == "actor":
@@ -209,8 +174,8 @@ class Learner:
                     mb_metrics: dict[str, float] = {}
                     for idx in share.chunk(cfg.grad_accum):
                         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
-                            loss, m = self._loss({k: v[idx] for k, v in obs.items()}, chain[idx], stoch[idx],
-                                                 old_lp[idx], old_v[idx], adv[idx], ret[idx], critic_only, ro)
+                            loss, m = algo.loss(self.actor, batch.rows(idx), step)
+                        m["losses/total"] = float(loss.detach())
                         used = idx.numel() if counts else 0
                         (loss * used / mb.numel()).backward()
                         for k, v in m.items():
@@ -245,14 +210,15 @@ class Learner:
         model.eval()
         self.applied_steps = count
         out = {k: v / max(count, 1) for k, v in sums.items()}
-        out["losses/explained_variance"] = losses.explained_variance(flat(ro.values), ret)
+        if adv.returns is not None:
+            out["losses/explained_variance"] = losses.explained_variance(batch.values, batch.returns)
         out["train/skipped_steps"] = float(self.skipped_steps)
         out["train/epochs"] = float(epochs_run)
         out["train/samples"] = float(total)
         out["train/lr_actor"] = lr_actor
-        out["train/advantage_mean"] = float(adv.mean())
+        out["train/advantage_mean"] = float(batch.advantages.mean())
         # Before normalisation (PPO: the GAE advantages, returns - values): ~0 everywhere means no signal.
-        raw = adv if cfg.algorithm == "grpo" else ret - old_v
+        raw = adv.raw.reshape(-1)
         out["train/advantage_std_raw"] = float(raw[valid].std()) if total > 1 else 0.0
         out["train/applied_steps"] = float(count)
         return out
@@ -266,31 +232,6 @@ class Learner:
             return mb, True
         share = mb[rank::world]
         return (share, True) if share.numel() else (mb[:1], False)
-
-    def _loss(self, obs, chain, stoch, old_lp, old_v, adv, ret, critic_only, ro: Rollout):
-        cfg, model = self.cfg, self.actor.model
-        # The prefix's final hidden states feed only a prefix-sourced value head: without one, the last prefix
-        # layer computes its keys and values alone (its attention output and MLP would reach no loss).
-        prefix = self.actor.prefix(obs, hidden=model.cfg.value_source == "prefix")
-        value = model.value(prefix)
-        v_loss, metrics = losses.value_loss(values=value, old_values=old_v, returns=ret, clip=cfg.value_clip,
-                                            huber_delta=cfg.huber_delta)
-        loss = cfg.value_coef * v_loss
-        if not critic_only:
-            re = flow.chain_log_prob(model.field(prefix), chain, stoch, method=ro.sampler.method,
-                                     noise_level=ro.sampler.noise_level)
-            new_lp = aggregate_log_prob(re.log_probs, stoch, cfg.log_prob, executed=ro.execute,
-                                        dim_mask=self.actor.dim_mask)
-            pg, pm = losses.ppo_policy_loss(new_log_prob=new_lp, old_log_prob=old_lp, advantages=adv,
-                                            clip=cfg.clip, dual_clip=cfg.dual_clip)
-            metrics.update(pm)
-            loss = loss + pg
-            if cfg.entropy_coef:
-                ent = flow.mean_entropy(re.entropy, stoch, executed=ro.execute, dim_mask=self.actor.dim_mask).mean()
-                loss = loss - cfg.entropy_coef * ent
-                metrics["losses/entropy"] = float(ent)
-        metrics["losses/total"] = float(loss.detach())
-        return loss, metrics
 
 
 def dropout_rng(device: torch.device, iteration: int, dropout: float):
@@ -326,7 +267,7 @@ def clip_grad_norms(optimizer: torch.optim.Optimizer, max_norm: float) -> tuple[
     return norms.get("actor", torch.zeros(())), norms.get("critic", torch.zeros(()))
 
 
-def actor_lr_scale(iteration: int, cfg: PPOConfig, total_iterations: int | None = None) -> float:
+def actor_lr_scale(iteration: int, cfg: LearnerConfig, total_iterations: int | None = None) -> float:
     """Factor on ``lr_actor`` at ``iteration`` (0-based; a function of the iteration alone, so a resumed run
     continues the same schedule): 0 during the critic warm-up, then a linear ramp over
     ``actor_lr_warmup_iters`` iterations (1/n, 2/n, ..., 1), then 1, or, with ``actor_lr_decay`` linear or
@@ -349,23 +290,3 @@ def actor_lr_scale(iteration: int, cfg: PPOConfig, total_iterations: int | None 
     if cfg.actor_lr_decay == "linear":
         return 1.0 - (1.0 - cfg.actor_lr_final) * frac
     return cfg.actor_lr_final + (1.0 - cfg.actor_lr_final) * 0.5 * (1.0 + math.cos(math.pi * frac))
-
-
-def grpo_chunk_advantages(ro: Rollout, *, group_size: int,
-                          filter_degenerate: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """GRPO over each env's first episode of the rollout: its return (the sum of its chunk rewards up to
-    its first end, or to the rollout's end) is normalised within its group of ``group_size`` envs, and
-    every chunk of that episode gets the episode's advantage. Returns ``(advantages, mask)`` ``[T, N]``."""
-    t_len, n = ro.rewards.shape
-    if n % group_size:
-        raise ValueError(f"GRPO needs num_envs ({n}) to be a multiple of group_size ({group_size})")
-    t_idx = torch.arange(t_len, device=ro.rewards.device)[:, None]
-    done = ro.terminated | ro.truncated
-    first_end = torch.where(done.any(0), done.float().argmax(0), torch.full((n,), t_len - 1, device=done.device))
-    in_first = t_idx <= first_end[None, :]
-    returns = (ro.rewards * in_first).sum(0)
-    success = ro.success[first_end, torch.arange(n, device=done.device)]
-    groups = torch.arange(n, device=done.device) // group_size
-    ep_adv, keep = adv_lib.grpo(returns=returns, groups=groups, success=success,
-                                filter_degenerate=filter_degenerate)
-    return ep_adv[None, :].expand(t_len, n) * in_first, in_first & keep[None, :]

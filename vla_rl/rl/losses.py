@@ -2,7 +2,8 @@
 sampler's per-element log-densities (:class:`LogProbConfig`, :func:`aggregate_log_prob`).
 
 Glossary: B samples in a minibatch (chunks); K denoising steps, H actions per chunk, A model action dims; an
-optional trailing axis of action dims when the ratio is taken per action dim.
+optional trailing axis of action dims when the ratio is taken per action dim (``*d`` in the signatures: none, or
+the real action dims).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from vla_rl.core.shapes import Bool, Float
 from vla_rl.policies import flow
 
 
@@ -38,8 +40,13 @@ class LogProbConfig:
             raise ValueError(f"log_prob.ratio must be 'chunk' or 'dim', got {self.ratio!r}")
 
 
-def aggregate_log_prob(per_element: Tensor, stochastic: Tensor, cfg: LogProbConfig, *, executed: int,
-                       dim_mask: Tensor) -> Tensor:
+def scalar(x: Tensor) -> float:
+    """A metric's value: ``float(x)``, or NaN for a meta tensor (the memory plan runs the losses on shapes alone)."""
+    return float("nan") if x.is_meta else float(x)
+
+
+def aggregate_log_prob(per_element: Float[Tensor, "b k h a"], stochastic: Bool[Tensor, "b k"], cfg: LogProbConfig,
+                       *, executed: int, dim_mask: Bool[Tensor, " a"]) -> Float[Tensor, " b *d"]:
     """``[B, K, H, A]`` -> ``[B]`` (chunk ratio) or ``[B, A_real]`` (per-dim ratio)."""
     dims = "none" if cfg.ratio == "dim" else cfg.dims
     out = flow.aggregate(per_element, stochastic, steps=cfg.steps, actions=cfg.actions, dims=dims,
@@ -59,18 +66,21 @@ def _masked_mean(x: Tensor, mask: Tensor | None) -> Tensor:
 
 def ppo_policy_loss(
     *,
-    new_log_prob: Tensor,
-    old_log_prob: Tensor,
-    advantages: Tensor,
+    new_log_prob: Float[Tensor, " b *d"],
+    old_log_prob: Float[Tensor, " b *d"],
+    advantages: Float[Tensor, " b"],
     clip: float = 0.2,
+    clip_high: float | None = None,
     dual_clip: float | None = 3.0,
-    mask: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+    mask: Bool[Tensor, " b"] | None = None,
+) -> tuple[Float[Tensor, ""], dict[str, float]]:
     """Clipped surrogate with dual clip.
 
     ``new_log_prob`` / ``old_log_prob``: ``[B]`` (one ratio per chunk) or ``[B, A]`` (one per action dim);
-    ``advantages`` ``[B]`` (broadcast over A). ``dual_clip`` c bounds the loss of negative-advantage samples
-    at -c*A, so a huge ratio on a bad action cannot dominate the update.
+    ``advantages`` ``[B]`` (broadcast over A). The ratio is clipped to ``[1 - clip, 1 + clip_high]``
+    (``clip_high`` None: ``clip``; larger: DAPO's clip-higher, room for unlikely actions to gain). ``dual_clip``
+    c bounds the loss of negative-advantage samples at -c*A, so a huge ratio on a bad action cannot dominate
+    the update.
     """
     if new_log_prob.shape != old_log_prob.shape:
         raise ValueError(f"log-prob shapes differ: {tuple(new_log_prob.shape)} vs {tuple(old_log_prob.shape)}")
@@ -80,28 +90,30 @@ def ppo_policy_loss(
     log_ratio = new_log_prob - old_log_prob
     ratio = torch.exp(log_ratio)
     pg1 = -adv * ratio
-    pg2 = -adv * torch.clamp(ratio, 1.0 - clip, 1.0 + clip)
+    high = clip if clip_high is None else clip_high
+    pg2 = -adv * torch.clamp(ratio, 1.0 - clip, 1.0 + high)
     pg = torch.maximum(pg1, pg2)
     if dual_clip is not None:
         pg = torch.where(adv < 0, torch.minimum(pg, -dual_clip * adv), pg)
     loss = _masked_mean(pg, mask)
     with torch.no_grad():
         approx_kl = _masked_mean((ratio - 1.0) - log_ratio, mask)  # k3 estimator, >= 0
-        clipfrac = _masked_mean(((ratio - 1.0).abs() > clip).float(), mask)
-        metrics = {"losses/policy": float(loss.detach()), "losses/approx_kl": float(approx_kl),
-                   "losses/clipfrac": float(clipfrac), "losses/ratio_max": float(ratio.max())}
+        clipped = ((ratio - 1.0).abs() > clip) if clip_high is None else (ratio < 1.0 - clip) | (ratio > 1.0 + high)
+        clipfrac = _masked_mean(clipped.float(), mask)
+        metrics = {"losses/policy": scalar(loss.detach()), "losses/approx_kl": scalar(approx_kl),
+                   "losses/clipfrac": scalar(clipfrac), "losses/ratio_max": scalar(ratio.max())}
     return loss, metrics
 
 
 def value_loss(
     *,
-    values: Tensor,
-    old_values: Tensor,
-    returns: Tensor,
+    values: Float[Tensor, " b"],
+    old_values: Float[Tensor, " b"],
+    returns: Float[Tensor, " b"],
     clip: float | None = 0.2,
     huber_delta: float = 1.0,
-    mask: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+    mask: Bool[Tensor, " b"] | None = None,
+) -> tuple[Float[Tensor, ""], dict[str, float]]:
     """Clipped Huber value loss: the worse of the unclipped and the clipped (around ``old_values``)
     prediction, so the critic cannot move too far per update either."""
     loss = F.huber_loss(values, returns, reduction="none", delta=huber_delta)
@@ -109,10 +121,10 @@ def value_loss(
         clipped = old_values + torch.clamp(values - old_values, -clip, clip)
         loss = torch.maximum(loss, F.huber_loss(clipped, returns, reduction="none", delta=huber_delta))
     loss = _masked_mean(loss, mask)
-    return loss, {"losses/value": float(loss.detach())}
+    return loss, {"losses/value": scalar(loss.detach())}
 
 
-def explained_variance(pred: Tensor, target: Tensor) -> float:
+def explained_variance(pred: Float[Tensor, "*s"], target: Float[Tensor, "*s"]) -> float:
     """1 - Var[target - pred] / Var[target] (1 is perfect, <= 0 is no better than a constant)."""
     var = target.var()
     return float("nan") if var == 0 else float(1.0 - (target - pred).var() / var)

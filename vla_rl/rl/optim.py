@@ -1,4 +1,5 @@
-"""The learner's optimizer, with the memory-lean options of ``ppo.param_dtype`` and ``ppo.optimizer_state_dtype``.
+"""The learner's optimizer, with the memory-lean options of ``learner.param_dtype`` and
+``learner.optimizer_state_dtype``.
 
 Bytes per trained parameter (weights + gradient + optimizer state):
 

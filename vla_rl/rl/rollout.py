@@ -61,10 +61,56 @@ class Rollout:
     # None: every chunk counts.
     valid: Tensor | None = None
     lost_episodes: int = 0
+    # [T, N, ...] what the algorithm stored at rollout time beside the common fields (Algorithm.record)
+    extras: dict[str, Tensor] = field(default_factory=dict)
 
     @property
     def num_samples(self) -> int:
         return self.values.numel()
+
+    def take_envs(self, keep: Tensor) -> Rollout:
+        """The rollout of the envs where ``keep`` ``[N]`` (bool) is True (episodes stay as they are: they describe
+        what was played, see :meth:`join`)."""
+        idx = keep.nonzero(as_tuple=True)[0]
+        cols = lambda x: None if x is None else x[:, idx]  # noqa: E731
+        return Rollout(obs={k: v[:, idx] for k, v in self.obs.items()}, chain=cols(self.chain),
+                       stochastic=cols(self.stochastic), log_probs=cols(self.log_probs), entropy=cols(self.entropy),
+                       values=cols(self.values), rewards=cols(self.rewards), terminated=cols(self.terminated),
+                       truncated=cols(self.truncated), success=cols(self.success),
+                       final_values=cols(self.final_values), last_values=self.last_values[idx], sampler=self.sampler,
+                       execute=self.execute, group_size=self.group_size, episodes=self.episodes,
+                       env_steps=self.env_steps, valid=cols(self.valid), lost_episodes=self.lost_episodes,
+                       extras={k: v[:, idx] for k, v in self.extras.items()})
+
+    @staticmethod
+    def join(parts: list[Rollout], *, limit: int, env_steps: int, episodes_of: list[Rollout]) -> Rollout:
+        """The env columns of ``parts`` side by side, cut to the first ``limit`` envs: one batch of several
+        rollouts' kept envs (dynamic sampling). ``env_steps`` and the ended episodes (``rollout/*`` metrics) are
+        those of every rollout played, ``episodes_of``, whose env indices are numbered on from rollout to rollout."""
+        def cat(get):
+            xs = [get(p) for p in parts]
+            return None if xs[0] is None else torch.cat(xs, dim=1)[:, :limit]
+        episodes: dict[str, list] = {}
+        offset = 0
+        for ro in episodes_of:
+            for k, v in ro.episodes.items():
+                episodes.setdefault(k, []).extend([i + offset for i in v] if k == "env_index" else v)
+            offset += ro.values.shape[1]
+        valid = None
+        if any(p.valid is not None for p in parts):
+            valid = torch.cat([p.valid if p.valid is not None else torch.ones_like(p.values, dtype=torch.bool)
+                               for p in parts], dim=1)[:, :limit]
+        first = parts[0]
+        return Rollout(obs={k: cat(lambda p, k=k: p.obs[k]) for k in first.obs},
+                       chain=cat(lambda p: p.chain), stochastic=cat(lambda p: p.stochastic),
+                       log_probs=cat(lambda p: p.log_probs), entropy=cat(lambda p: p.entropy),
+                       values=cat(lambda p: p.values), rewards=cat(lambda p: p.rewards),
+                       terminated=cat(lambda p: p.terminated), truncated=cat(lambda p: p.truncated),
+                       success=cat(lambda p: p.success), final_values=cat(lambda p: p.final_values),
+                       last_values=torch.cat([p.last_values for p in parts])[:limit], sampler=first.sampler,
+                       execute=first.execute, group_size=first.group_size, episodes=episodes, env_steps=env_steps,
+                       valid=valid, lost_episodes=sum(r.lost_episodes for r in episodes_of),
+                       extras={k: cat(lambda p, k=k: p.extras[k]) for k in first.extras})
 
     def metrics(self) -> dict[str, float]:
         """The ``rollout/*`` metrics: over the episodes that ended (success, return, length; and over each env's
@@ -90,9 +136,11 @@ class Rollout:
 
 def collect_rollout(actor: Actor, env, obs: dict, *, num_chunks: int, sampler: SamplerConfig, execute: int,
                     generator: torch.Generator | None = None, groups: int = 1,
-                    group_size: int = 1) -> tuple[Rollout, dict]:
+                    group_size: int = 1, algorithm=None) -> tuple[Rollout, dict]:
     """Run ``num_chunks`` chunk steps from ``obs``; returns the rollout and the next observation. ``group_size``:
     the envs per group sharing an initial state, as ``env`` was reset (GRPO), recorded in the rollout.
+    ``algorithm`` (an :class:`~vla_rl.rl.algorithms.base.Algorithm`): stores its extras of every chunk
+    (``Rollout.extras``), its random draws made with the sampler's, chunk by chunk, from ``generator``.
 
     ``groups`` > 1 (an env with ``step_groups``: worker processes or Ray env actors) overlaps sampling with
     simulation: the envs are split into that many groups of whole workers, stepped in alternation, and the
@@ -107,9 +155,9 @@ def collect_rollout(actor: Actor, env, obs: dict, *, num_chunks: int, sampler: S
     """
     with torch.inference_mode():
         rollout, obs = _collect(actor, env, obs, num_chunks=num_chunks, sampler=sampler, execute=execute,
-                                generator=generator, groups=groups, group_size=group_size)
+                                generator=generator, groups=groups, group_size=group_size, algorithm=algorithm)
     plain = lambda x: x.clone() if torch.is_tensor(x) else x  # noqa: E731
-    rollout = Rollout(**{k: ({kk: plain(vv) for kk, vv in v.items()} if k == "obs" else plain(v))
+    rollout = Rollout(**{k: ({kk: plain(vv) for kk, vv in v.items()} if k in ("obs", "extras") else plain(v))
                          for k, v in vars(rollout).items()})
     return rollout, obs
 
@@ -140,7 +188,7 @@ _STORED = ("chain", "stochastic", "log_probs", "entropy", "values", "rewards", "
 
 
 def _collect(actor: Actor, env, obs: dict, *, num_chunks: int, sampler: SamplerConfig, execute: int,
-             generator: torch.Generator | None, groups: int, group_size: int) -> tuple[Rollout, dict]:
+             generator: torch.Generator | None, groups: int, group_size: int, algorithm) -> tuple[Rollout, dict]:
     n, device = env.num_envs, actor.device
     rows = step_groups(env, groups)
     parts: list[list[dict]] = [[{} for _ in rows] for _ in range(num_chunks)]   # [t][g]: group g's chunk t
@@ -152,12 +200,15 @@ def _collect(actor: Actor, env, obs: dict, *, num_chunks: int, sampler: SamplerC
     episode_start = torch.zeros(n, dtype=torch.long)   # chunk at which each env's episode began
     lost_episodes = 0
 
-    def start(t: int, g: int, draws) -> None:
+    def start(t: int, g: int, draws, extra_draws: dict) -> None:
         """Sample group g's chunk t and start it on the env."""
         seen = actor.observe(group_obs[g])
         act = actor.act(seen, sampler, draws=draws.rows(rows[g]), execute=execute)
         parts[t][g].update(inputs=seen.inputs, chain=act.chain, stochastic=act.stochastic, log_probs=act.log_probs,
                            entropy=act.entropy, values=act.value)
+        if algorithm is not None:
+            mine = {k: v[rows[g].start:rows[g].stop] for k, v in extra_draws.items()}
+            parts[t][g]["extras"] = algorithm.record(actor, seen, act.chain, mine, execute=execute)
         if len(rows) == 1:
             stepped[g] = env.step(act.actions[:, :execute])
         else:
@@ -195,10 +246,12 @@ def _collect(actor: Actor, env, obs: dict, *, num_chunks: int, sampler: SamplerC
     # of chunk t are made for the whole batch before any group samples it: the order of a single batch.
     for t in range(num_chunks):
         draws = actor.draw(n, sampler, generator=generator)
+        extra_draws = {} if algorithm is None else algorithm.draw(n, actor.model_config, generator=generator,
+                                                                   device=device)
         for g in range(len(rows)):
             if t > 0:
                 finish(t - 1, g)
-            start(t, g, draws)
+            start(t, g, draws, extra_draws)
     last_values = []
     for g in range(len(rows)):
         finish(num_chunks - 1, g)
@@ -211,5 +264,7 @@ def _collect(actor: Actor, env, obs: dict, *, num_chunks: int, sampler: SamplerC
                            for k in parts[0][0]["inputs"]},
                       **{k: stack(k) for k in _STORED}, last_values=torch.cat(last_values),
                       sampler=sampler, execute=execute, group_size=group_size, episodes=episodes, env_steps=env_steps,
-                      valid=torch.stack(valid) if lost_episodes else None, lost_episodes=lost_episodes)
+                      valid=torch.stack(valid) if lost_episodes else None, lost_episodes=lost_episodes,
+                      extras={k: torch.stack([torch.cat([p["extras"][k] for p in chunk]) for chunk in parts])
+                              for k in (parts[0][0].get("extras") or {})})
     return rollout, _join_rows(group_obs)

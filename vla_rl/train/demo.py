@@ -55,9 +55,9 @@ class DemoConfig:
     rl_iterations: int = nonneg(80, doc="RL iterations; 0: SFT only")
     # Off by default: with 3 / 5 / 0.05 seed 0's run fell from 0.64 to 0.18 rollout success by iteration 36 and
     # seed 1 lifted +0.075 against +0.11 without (benchmarks/RESULTS.md, robustness of the demo).
-    rl_critic_warmup: int = nonneg(0, doc="RL stage: ppo.critic_warmup_iters over the preset's when set")
-    rl_actor_lr_warmup: int = nonneg(0, doc="RL stage: ppo.actor_lr_warmup_iters over the preset's when set")
-    rl_target_kl: float | None = positive(None, doc="RL stage: ppo.target_kl over the preset's when set")
+    rl_critic_warmup: int = nonneg(0, doc="RL stage: learner.critic_warmup_iters over the preset's when set")
+    rl_actor_lr_warmup: int = nonneg(0, doc="RL stage: learner.actor_lr_warmup_iters over the preset's when set")
+    rl_target_kl: float | None = positive(None, doc="RL stage: learner.target_kl over the preset's when set")
     seed: int = nonneg(0, doc="seed of the demos, the weights and the evaluation seeds (10_000 + seed)")
     out: str = setting("runs/demo", doc="the demo folder (sft/ and rl/ inside)")
     threads: int | Literal["auto"] = threads_setting()
@@ -104,9 +104,9 @@ def demo_train_config(cfg: DemoConfig, sft_path: str | Path, *, out: str | Path,
             "env": {BUILTIN: to_dict(cfg.env)}, "seed": cfg.seed, "progress": progress, "threads": cfg.threads,
             "eval_every": max(1, cfg.rl_iterations // 4)}
     # only the stabilisers asked for: unset ones keep the preset's values
-    ppo = {"critic_warmup_iters": cfg.rl_critic_warmup, "actor_lr_warmup_iters": cfg.rl_actor_lr_warmup,
-           "target_kl": cfg.rl_target_kl}
-    base["ppo"] = {k: v for k, v in ppo.items() if v}
+    learner = {"critic_warmup_iters": cfg.rl_critic_warmup, "actor_lr_warmup_iters": cfg.rl_actor_lr_warmup,
+               "target_kl": cfg.rl_target_kl}
+    base["learner"] = {k: v for k, v in learner.items() if v}
     return load_preset(TrainConfig, "experiment", cfg.rl, merge(base, overrides or {}))
 
 
@@ -165,7 +165,7 @@ def _run_demo(cfg: DemoConfig, *, progress: bool, overwrite: bool) -> dict:
         return results
 
     train_cfg = demo_train_config(cfg, sft_path, out=Path(cfg.out) / "rl", progress=progress)
-    print(f"\nRL: preset '{cfg.rl}' ({train_cfg.sampler.method}, {train_cfg.ppo.algorithm}), "
+    print(f"\nRL: preset '{cfg.rl}' ({train_cfg.sampler.method}, {train_cfg.algorithm.name}), "
           f"{cfg.rl_iterations} iterations x {train_cfg.env.num_envs} envs -> {train_cfg.out}")
     expectation = demo_expectation(cfg)
     if expectation:

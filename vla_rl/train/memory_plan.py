@@ -32,6 +32,7 @@ from vla_rl.checkpoint.folders import read_yaml_file
 from vla_rl.core.ranges import ConfigError
 from vla_rl.core.schema import from_dict
 from vla_rl.distributed.ray_config import RayConfig
+from vla_rl.policies import flow
 from vla_rl.policies.actor import Actor
 from vla_rl.policies.inference import cast_weights
 from vla_rl.policies.model import FlowPolicy
@@ -39,6 +40,8 @@ from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.policies.policy_config import PolicyConfig
 from vla_rl.policies.recompute import activation_checkpointing
 from vla_rl.presets import policy_preset
+from vla_rl.rl.algorithms import make_algorithm
+from vla_rl.rl.algorithms.base import Batch, Step
 from vla_rl.rl.learner import Learner
 from vla_rl.rl.optim import LeanAdamW
 
@@ -130,17 +133,24 @@ def _probe_inputs(cfg, n: int, device) -> tuple[dict, Tensor, Tensor]:
     return obs, x, torch.full((n,), 0.5, device=device)
 
 
-def update_probe(model, n: int, *, method: str, num_steps: int) -> Tensor:
-    """The PPO loss's model passes for ``n`` samples (what :meth:`Learner._loss` runs): the prefix, the value, and
-    one expert pass per stochastic denoising step (``num_steps`` for Flow-Noise, 1 for mixed Flow-SDE), each
-    turned into a Gaussian log-density as the chain's likelihood is."""
-    obs, x, t = _probe_inputs(model.cfg, n, model.device)
-    prefix = model.encode_prefix(obs, hidden=model.cfg.value_source == "prefix")
-    loss = model.value(prefix).float().sum()
-    for _ in range(num_steps if method == "noise" else 1):
-        out = model.expert(prefix, x, t)
-        z = (x - out.velocity) / out.noise_std
-        loss = loss + (-0.5 * z * z - out.noise_std.log()).sum()
+def update_probe(learner: Learner, n: int, sampler) -> Tensor:
+    """The learner's algorithm's own loss on ``n`` samples (the passes :meth:`Learner.update` runs per
+    micro-batch): a batch of zero inputs of the rollout's shapes, with the algorithm's extras
+    (:meth:`~vla_rl.rl.algorithms.base.Algorithm.extras_spec`), through ``prepare`` and ``loss``."""
+    actor, algo = learner.actor, learner.algorithm
+    cfg = actor.model_config
+    obs, x, _ = _probe_inputs(cfg, n, actor.device)
+    k = sampler.num_steps
+    dev = actor.device
+    stochastic = flow.stochastic_steps(sampler.method, k, n, sde_mode=sampler.sde_mode, device=dev)
+    zeros = torch.zeros(n, device=dev)
+    extras = {name: torch.zeros(n, *shape, dtype=dtype, device=dev)
+              for name, (shape, dtype) in algo.extras_spec(cfg, sampler).items()}
+    batch = Batch(actor.model.prepare(obs), torch.zeros(n, k + 1, *x.shape[1:], device=dev), stochastic,
+                  torch.zeros(n, k, *x.shape[1:], device=dev), zeros, zeros, zeros if algo.uses_critic else None,
+                  extras)
+    step = Step(sampler, cfg.action_horizon, actor.dim_mask)
+    loss, _ = algo.loss(actor, algo.prepare(batch, step), step)
     return loss
 
 
@@ -201,13 +211,13 @@ def _nbytes(t: Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def meta_learner(policy_cfg, ppo):
-    """The learner a run with policy ``policy_cfg`` and settings ``ppo`` builds, on the meta device (no memory):
-    its model with LoRA adapters, its trained set and dtypes, its optimizer."""
+def meta_learner(policy_cfg, learner_cfg, algorithm_cfg):
+    """The learner a run with policy ``policy_cfg``, ``learner`` and ``algorithm`` settings builds, on the meta device
+    (no memory): its model with LoRA adapters, its trained set and dtypes, its optimizer, its algorithm."""
     with torch.device("meta"):
         model = FlowPolicy(policy_cfg)
     norm = NormStats(Stats.identity(policy_cfg.state_dim), Stats.identity(policy_cfg.action_dim))
-    return Learner(Actor(model, norm), ppo)
+    return Learner(Actor(model, norm), learner_cfg, make_algorithm(algorithm_cfg))
 
 
 def _policy_config(train_cfg):
@@ -287,17 +297,17 @@ def rollout_bytes(policy_cfg, *, num_envs: int, chunks: int, num_steps: int, ima
 
 def micro_batch(train_cfg, learners: int = 1) -> int:
     """Samples one learner runs through forward and backward at a time."""
-    ppo = train_cfg.ppo
+    lcfg = train_cfg.learner
     samples = train_cfg.env.num_envs * train_cfg.rollout_chunks
-    mb = math.ceil(samples / ppo.minibatches)
-    return max(1, math.ceil(math.ceil(mb / learners) / ppo.grad_accum))
+    mb = math.ceil(samples / lcfg.minibatches)
+    return max(1, math.ceil(math.ceil(mb / learners) / lcfg.grad_accum))
 
 
 @functools.lru_cache(maxsize=256)
-def _peak(policy_cfg, ppo, sampler, bf16: bool, cuda: bool, n: int, what: str) -> int:
+def _peak(policy_cfg, lcfg, algorithm_cfg, sampler, bf16: bool, cuda: bool, n: int, what: str) -> int:
     """Simulated peak of a learner of ``policy_cfg`` (at its depth): ``update`` of a micro-batch of ``n``, or
     ``sampling`` of one chunk for ``n`` envs. Cached: suggestions plan many variants of one run."""
-    learner = meta_learner(policy_cfg, ppo)
+    learner = meta_learner(policy_cfg, lcfg, algorithm_cfg)
     model = learner.actor.model
     if cuda and bf16:
         # autocast does not act on meta tensors: bf16 weights give the simulation autocast's bf16 activations
@@ -307,9 +317,8 @@ def _peak(policy_cfg, ppo, sampler, bf16: bool, cuda: bool, n: int, what: str) -
     for p in learner.params:   # the gradients are counted on their own line: the backward only adds into them
         p.grad = torch.zeros_like(p)
     model.train()
-    with activation_checkpointing(model, ppo.grad_checkpointing):
-        return simulate(lambda: update_probe(model, n, method=sampler.method, num_steps=sampler.num_steps),
-                        cuda=cuda)
+    with activation_checkpointing(model, lcfg.grad_checkpointing):
+        return simulate(lambda: update_probe(learner, n, sampler), cuda=cuda)
 
 
 def simulated_activations(policy_cfg, train_cfg, n: int, *, cuda: bool, full_depth: bool = False) -> tuple[int, int]:
@@ -319,15 +328,15 @@ def simulated_activations(policy_cfg, train_cfg, n: int, *, cuda: bool, full_dep
     pass; the peak comes early in the backward pass); ``full_depth`` simulates the whole model. (Not extrapolated
     in the batch: at small batches a constant transient, such as the embedding table's gradient, sets the peak.)"""
     # what decides the activations (not the number of minibatches or their accumulation: that is n)
-    ppo = replace(train_cfg.ppo, minibatches=1, grad_accum=1)
-    key = (train_cfg.sampler, train_cfg.bf16, cuda)
+    lcfg = replace(train_cfg.learner, minibatches=1, grad_accum=1)
+    key = (train_cfg.algorithm, train_cfg.sampler, train_cfg.bf16, cuda)
     envs = train_cfg.env.num_envs
     if full_depth:
-        return _peak(policy_cfg, ppo, *key, n, "update"), _peak(policy_cfg, ppo, *key, envs, "sampling")
+        return _peak(policy_cfg, lcfg, *key, n, "update"), _peak(policy_cfg, lcfg, *key, envs, "sampling")
 
     def at(vd: int, d: int) -> tuple[int, int]:
         cfg = replace(policy_cfg, depth=d, vision=replace(policy_cfg.vision, depth=vd))
-        return _peak(cfg, ppo, *key, n, "update"), _peak(cfg, ppo, *key, envs, "sampling")
+        return _peak(cfg, lcfg, *key, n, "update"), _peak(cfg, lcfg, *key, envs, "sampling")
 
     # Two and three stream layers: with fewer, the prefix has no layer that runs its MLP (the last one computes
     # keys and values only), and the one-off transient of a layer's backward would be counted as per-layer.
@@ -347,7 +356,7 @@ def plan_memory(train_cfg, *, device_bytes: int | None = None, device_name: str 
     learners = learners if learners is not None else (ray.learners if ray and ray.learners else 1)
     sharded = sharded if sharded is not None else bool(ray and ray.sharding == "fsdp")
     policy_cfg = _policy_config(train_cfg)
-    learner = meta_learner(policy_cfg, train_cfg.ppo)
+    learner = meta_learner(policy_cfg, train_cfg.learner, train_cfg.algorithm)
     plan = MemoryPlan(device_bytes=device_bytes, device_name=device_name, learners=learners, sharded=sharded)
     static = static_bytes(learner, learners=learners, sharded=sharded, method=train_cfg.sampler.method)
     how = "exact" + (f", 1/{learners} per learner" if sharded else "")
@@ -356,16 +365,17 @@ def plan_memory(train_cfg, *, device_bytes: int | None = None, device_name: str 
                                                        chunks=train_cfg.rollout_chunks,
                                                        num_steps=train_cfg.sampler.num_steps),
                       f"exact ({train_cfg.rollout_chunks} chunks x {train_cfg.env.num_envs} envs, policy-size images)"))
-    if cuda and train_cfg.bf16 and train_cfg.ppo.param_dtype == "fp32":
+    if cuda and train_cfg.bf16 and train_cfg.learner.param_dtype == "fp32":
         extra = sum(_nbytes(p) // 2 for p in learner.params if p.dim() >= 2)
         plan.rows.append(("autocast bf16 weight copies", extra, "exact (trained matrices, cached per forward)"))
     n = micro_batch(train_cfg, learners)
-    sampler, ckpt = train_cfg.sampler, train_cfg.ppo.grad_checkpointing
+    sampler, ckpt = train_cfg.sampler, train_cfg.learner.grad_checkpointing
     act, sample = simulated_activations(policy_cfg, train_cfg, n, cuda=cuda)
     # The update and the sampling do not overlap: the larger of the two counts.
     if act >= sample:
         plan.rows.append((f"activations, update micro-batch of {n}", act,
-                          f"simulated (checkpointing {ckpt}, {sampler.method}, K={sampler.num_steps})"))
+                          f"simulated (checkpointing {ckpt}, {train_cfg.algorithm.name}, {sampler.method}, "
+                          f"K={sampler.num_steps})"))
     else:
         plan.rows.append((f"sampling {train_cfg.env.num_envs} envs (> update activations {act / GIB:.2f} GiB)",
                           sample, "simulated"))
@@ -375,20 +385,20 @@ def plan_memory(train_cfg, *, device_bytes: int | None = None, device_name: str 
 def suggestions(train_cfg, device_bytes: int, *, cuda: bool = True, limit: int = 4) -> list[str]:
     """Settings (``key=value``) that would make ``train_cfg`` fit ``device_bytes`` per GPU, each checked with its own
     plan; the cheapest changes first."""
-    ppo, out = train_cfg.ppo, []
+    lcfg, out = train_cfg.learner, []
     tries: list[tuple[str, dict]] = []
-    if ppo.grad_checkpointing != "all":
-        tries.append(("ppo.grad_checkpointing=all", {"ppo": replace(ppo, grad_checkpointing="all")}))
+    if lcfg.grad_checkpointing != "all":
+        tries.append(("learner.grad_checkpointing=all", {"learner": replace(lcfg, grad_checkpointing="all")}))
     for factor in (2, 4, 8):
-        tries.append((f"ppo.grad_accum={ppo.grad_accum * factor}",
-                      {"ppo": replace(ppo, grad_accum=ppo.grad_accum * factor)}))
-    if "bf16" not in (ppo.param_dtype, ppo.optimizer_state_dtype):
-        tries.append(("ppo.param_dtype=bf16 ppo.optimizer_state_dtype=bf16",
-                      {"ppo": replace(ppo, param_dtype="bf16", optimizer_state_dtype="bf16")}))
-    if not ppo.lora.enabled and not ppo.freeze_prefix:
-        tries.append(("ppo.lora.rank=16", {"ppo": replace(ppo, lora=replace(ppo.lora, rank=16))}))
-    if not ppo.freeze_prefix and not (ppo.lora.enabled and "prefix" in ppo.lora.parts):
-        tries.append(("ppo.freeze_prefix=true", {"ppo": replace(ppo, freeze_prefix=True)}))
+        tries.append((f"learner.grad_accum={lcfg.grad_accum * factor}",
+                      {"learner": replace(lcfg, grad_accum=lcfg.grad_accum * factor)}))
+    if "bf16" not in (lcfg.param_dtype, lcfg.optimizer_state_dtype):
+        tries.append(("learner.param_dtype=bf16 learner.optimizer_state_dtype=bf16",
+                      {"learner": replace(lcfg, param_dtype="bf16", optimizer_state_dtype="bf16")}))
+    if not lcfg.lora.enabled and not lcfg.freeze_prefix:
+        tries.append(("learner.lora.rank=16", {"learner": replace(lcfg, lora=replace(lcfg.lora, rank=16))}))
+    if not lcfg.freeze_prefix and not (lcfg.lora.enabled and "prefix" in lcfg.lora.parts):
+        tries.append(("learner.freeze_prefix=true", {"learner": replace(lcfg, freeze_prefix=True)}))
     for k in (2, 4, 8):
         tries.append((f"runtime=ray ray.learners={k} ray.learner_gpus=1 ray.sharding=fsdp",
                       {"runtime": "ray", "ray": RayConfig(learners=k, learner_gpus=1, sharding="fsdp")}))

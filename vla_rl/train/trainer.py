@@ -48,6 +48,7 @@ from vla_rl.policies.actor import Actor, SamplerConfig
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.presets import merge, policy_preset, resolve_device
+from vla_rl.rl.algorithms import AlgorithmConfig, make_algorithm, upgrade_ppo_section
 from vla_rl.rl.health import (
     HealthConfig,
     HealthMonitor,
@@ -57,8 +58,8 @@ from vla_rl.rl.health import (
     success_trend,
     trend_statement,
 )
-from vla_rl.rl.learner import Learner, PPOConfig
-from vla_rl.rl.rollout import collect_rollout, step_groups
+from vla_rl.rl.learner import Learner, LearnerConfig
+from vla_rl.rl.rollout import Rollout, collect_rollout, step_groups
 from vla_rl.train.memory_plan import check_plan, device_memory
 from vla_rl.train.preflight import image_warnings, recorded_limit, rollout_warnings
 
@@ -73,7 +74,10 @@ class TrainConfig:
     model: str = "tiny"                  # model preset, used only when init is None
     env: EnvConfig = field(default_factory=EnvConfig)
     sampler: SamplerConfig = field(default_factory=lambda: SamplerConfig(num_steps=4, method="noise"))
-    ppo: PPOConfig = field(default_factory=PPOConfig)
+    # The RL method (vla_rl/rl/algorithms/: ppo, grpo, rloo, dapo, fpo) and its own section; the learner's settings
+    # (epochs, minibatches, learning rates, precision, LoRA) are every method's.
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
     rollout_chunks: int = ranged(4, 1)   # T chunk steps per env per iteration
     # Worker envs (ManiSkill / LIBERO on CPU, Ray env actors): split the envs into this many groups of whole
     # workers, stepped in alternation, so the policy samples one group's next chunk while the others simulate
@@ -84,6 +88,10 @@ class TrainConfig:
     # A wall-time budget for this invocation (None: none): once the next iteration would end past it, the run
     # evaluates, saves a checkpoint and returns normally; `vla-rl train --resume` continues it (with a new budget).
     max_minutes: float | None = positive(None)
+    # The run's length in env-steps (None: `iterations` alone): it ends, evaluated and saved, after the iteration
+    # that reaches this many, so methods that collect different amounts per iteration (DAPO's top-ups) compare at
+    # equal env-steps.
+    max_env_steps: int | None = positive(None)
     eval_every: int = ranged(5, 1)
     eval_episodes: int = ranged(100, 1)
     eval_seed: int = nonneg(10_000)
@@ -124,11 +132,12 @@ class TrainConfig:
             raise ConfigError(f"runtime: {self.runtime!r} is not one of ['local', 'ray']")
         if self.runtime == "local" and self.ray != RayConfig():
             raise ConfigError("ray is set but runtime is 'local': set runtime=ray or drop the ray section")
-        if self.runtime == "ray" and self.ray.sharding == "fsdp" and "bf16" in (self.ppo.param_dtype,
-                                                                              self.ppo.optimizer_state_dtype):
+        if self.runtime == "ray" and self.ray.sharding == "fsdp" and "bf16" in (self.learner.param_dtype,
+                                                                              self.learner.optimizer_state_dtype):
             # the lean optimizer's stochastic rounding works on whole tensors, not on FSDP's shards (untested there)
-            raise ConfigError("ray.sharding=fsdp goes with ppo.param_dtype=fp32 and ppo.optimizer_state_dtype=fp32 "
-                              "(sharding already divides the optimizer state by the learners)")
+            raise ConfigError("ray.sharding=fsdp goes with learner.param_dtype=fp32 and "
+                              "learner.optimizer_state_dtype=fp32 (sharding already divides the optimizer state by "
+                              "the learners)")
         if self.runtime == "ray" and self.ray.env_actors:
             if self.ray.env_actors > self.env.num_envs:
                 raise ConfigError(f"ray.env_actors = {self.ray.env_actors} is more than env.num_envs = "
@@ -136,9 +145,17 @@ class TrainConfig:
             if self.env.envs_per_worker is not None:
                 raise ConfigError("env.envs_per_worker groups envs into local worker processes; with "
                                   "ray.env_actors the envs are split evenly over the actors (drop one of the two)")
+        make_algorithm(self.algorithm).check_sampler(self.sampler)
+
+    @staticmethod
+    def upgrade(data: dict) -> dict:
+        """Read a config written before the algorithm sections (:func:`~vla_rl.rl.algorithms.upgrade_ppo_section`):
+        run folders of that format resume, old presets and overrides keep working."""
+        return upgrade_ppo_section(data)
 
 
 ROLLOUT_SEED_BASE = 1_000_000
+TOPUPS_PER_ITERATION = 64   # at most this many additional rollouts an iteration (an algorithm's max_rollouts)
 
 
 def eval_env_for(cfg: TrainConfig, train_env, device: torch.device, log=print):
@@ -167,6 +184,15 @@ def rollout_seed(seed: int, iteration: int, num_envs: int) -> int:
     return ROLLOUT_SEED_BASE * (seed + 1) + iteration * num_envs
 
 
+def topup_seed(seed: int, iteration: int, extra: int, num_envs: int) -> int:
+    """The reset seed of iteration ``iteration``'s ``extra``-th additional rollout (dynamic sampling): blocks of
+    ``num_envs`` seeds half-way up the run's range, away from every iteration's first rollout (those stay below
+    it for the first ROLLOUT_SEED_BASE / 2 / num_envs iterations) and from each other (up to
+    TOPUPS_PER_ITERATION)."""
+    block = iteration * TOPUPS_PER_ITERATION + extra
+    return ROLLOUT_SEED_BASE * (seed + 1) + ROLLOUT_SEED_BASE // 2 + block * num_envs
+
+
 def _peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
@@ -183,8 +209,8 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, *, run_dir: str | Path | None = None, log=print, overwrite: bool = False,
                  resume_from: str | Path | None = None):
-        if cfg.sampler.method == "ode":
-            raise ConfigError("sampler.method must be 'sde' or 'noise' for RL (ODE has no likelihood)")
+        self.algorithm = make_algorithm(cfg.algorithm)
+        self.algorithm.check_sampler(cfg.sampler)
         self.cfg, self.log = cfg, log
         self.run_dir = Path(run_dir or cfg.out)
         self.resume_from = Path(resume_from) if resume_from is not None else None
@@ -253,7 +279,8 @@ class Trainer:
             raise ConfigError(f"execute={cfg.execute} exceeds the policy's action_horizon "
                               f"{model.cfg.action_horizon}")
         self.actor = Actor.for_env(model, norm, spec)
-        self.learner = Learner(self.actor, cfg.ppo, bf16=cfg.bf16, total_iterations=cfg.iterations)
+        self.learner = Learner(self.actor, cfg.learner, self.algorithm, bf16=cfg.bf16,
+                               total_iterations=cfg.iterations)
         self.iteration = 0
         self.history: list[dict] = []
         self.skipped_in_a_row = 0
@@ -328,7 +355,7 @@ class Trainer:
         if bad:
             return (f"the update of iteration {self.iteration} made the weights non-finite "
                     f"({', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}); nothing of it was saved and "
-                    f"{self._newest_checkpoint_text()}. Lower ppo.lr_actor / ppo.lr_critic.")
+                    f"{self._newest_checkpoint_text()}. Lower learner.lr_actor / learner.lr_critic.")
         all_skipped = m.get("train/samples", 0) > 0 and self.learner.applied_steps == 0
         self.skipped_in_a_row = self.skipped_in_a_row + 1 if all_skipped else 0
         if self.skipped_in_a_row >= self.cfg.max_skipped_iterations:
@@ -336,7 +363,8 @@ class Trainer:
             return (f"iterations {first}-{self.iteration}: every update step had a non-finite loss or gradient "
                     f"and was skipped ({self.skipped_in_a_row} iterations in a row, max_skipped_iterations="
                     f"{self.cfg.max_skipped_iterations}); the weights have not changed since iteration {first - 1} "
-                    f"and {self._newest_checkpoint_text()}. Check the rewards; lower ppo.lr_actor / ppo.lr_critic.")
+                    f"and {self._newest_checkpoint_text()}. Check the rewards; lower learner.lr_actor / "
+                    "learner.lr_critic.")
         return None
 
     # ------------------------------------------------------------------------------------------------
@@ -475,22 +503,51 @@ class Trainer:
         self.log("summary: health signals raised: " + ", ".join(raised) if raised
                  else "summary: no health signal was raised")
 
+    def _rollout(self, seed: int):
+        """One rollout from a reset with ``seed`` (the envs in the algorithm's groups sharing an initial state)."""
+        cfg, group = self.cfg, self.algorithm.group_size
+        obs = self.env.reset(seed=seed, group_size=group) if group > 1 else self.env.reset(seed=seed)
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        ro, _ = collect_rollout(self.actor, self.env, obs, num_chunks=cfg.rollout_chunks, sampler=cfg.sampler,
+                                execute=cfg.execute, generator=gen, groups=cfg.rollout_groups, group_size=group,
+                                algorithm=self.algorithm)
+        return ro
+
+    def _collect(self, it: int):
+        """Iteration ``it``'s rollout. An algorithm that keeps only some envs' samples (dynamic sampling) gets its
+        batch topped up from further rollouts on fresh seeds (:func:`topup_seed`), up to its ``max_rollouts``, until
+        it holds as many envs as one rollout."""
+        n = self.env.num_envs
+        ro = self._rollout(rollout_seed(self.cfg.seed, it, n))
+        keep = self.algorithm.keep_envs(ro)
+        if keep is None:
+            return ro
+        parts, kept, env_steps, episodes = [ro.take_envs(keep)], int(keep.sum()), ro.env_steps, [ro]
+        for j in range(1, self.algorithm.max_rollouts):
+            if kept >= n:
+                break
+            more = self._rollout(topup_seed(self.cfg.seed, it, j, n))
+            keep = self.algorithm.keep_envs(more)
+            parts.append(more.take_envs(keep))
+            kept += int(keep.sum())
+            env_steps += more.env_steps
+            episodes.append(more)
+        if kept == 0:   # nothing informative anywhere: the first rollout, whose samples the algorithm masks out
+            return ro
+        return Rollout.join(parts, limit=n, env_steps=env_steps, episodes_of=episodes)
+
     def _iterate(self, bar, started: float) -> None:
         cfg = self.cfg
         env_steps = sum(int(h.get("time/env_steps_iter", 0)) for h in self.history)
         at_checkpoint = True   # this invocation starts at iteration 0 or at the checkpoint it resumed from
         for it in range(self.iteration, cfg.iterations):
+            if cfg.max_env_steps is not None and env_steps >= cfg.max_env_steps:
+                return   # a resumed run that had already reached its length
             t0 = time.perf_counter()
             if at_checkpoint:
                 self._forget_env_history()
                 at_checkpoint = False
-            seed = rollout_seed(cfg.seed, it, self.env.num_envs)
-            group = cfg.ppo.group_size if cfg.ppo.algorithm == "grpo" else 1   # GRPO: envs sharing an initial state
-            obs = self.env.reset(seed=seed, group_size=group) if group > 1 else self.env.reset(seed=seed)
-            gen = torch.Generator(device=self.device).manual_seed(seed)
-            ro, _ = collect_rollout(self.actor, self.env, obs, num_chunks=cfg.rollout_chunks,
-                                    sampler=cfg.sampler, execute=cfg.execute, generator=gen,
-                                    groups=cfg.rollout_groups, group_size=group)
+            ro = self._collect(it)
             t_roll = time.perf_counter() - t0
             metrics = self.learner.update(ro, iteration=it)
             self.iteration = it + 1
@@ -505,7 +562,8 @@ class Trainer:
                 raise TrainingError(problem)
             # Out of time: this iteration is the last of the invocation, so it is evaluated and saved.
             last = self._over_budget(started, t0)
-            if self.iteration % cfg.eval_every == 0 or self.iteration == cfg.iterations or last:
+            ended = cfg.max_env_steps is not None and env_steps >= cfg.max_env_steps and self.iteration < cfg.iterations
+            if self.iteration % cfg.eval_every == 0 or self.iteration == cfg.iterations or last or ended:
                 m.update(self._evaluate_and_keep_best())
                 m.update(self._trend_metrics(m))
             dt = time.perf_counter() - t0
@@ -514,10 +572,14 @@ class Trainer:
             m["time/peak_memory_mb"] = _peak_memory_mb(self.device)
             self._record(m)
             self.log(summary_line(m))
-            if self.iteration % cfg.save_every == 0 or self.iteration == cfg.iterations or last:
+            if self.iteration % cfg.save_every == 0 or self.iteration == cfg.iterations or last or ended:
                 self.save()
                 at_checkpoint = True
             bar.update(1)
+            if ended:
+                self.log(f"max_env_steps={cfg.max_env_steps} reached after iteration {self.iteration} "
+                         f"({env_steps} env-steps): the run is complete")
+                return
             if last:
                 self.stopped_by_budget = True
                 self.log(f"time budget max_minutes={cfg.max_minutes:g} reached: stopped after iteration "
