@@ -6,10 +6,9 @@ only overrides fields.
   as YAML), :func:`merge` lays it over a preset.
 - :func:`resolve_device` checks a ``device`` setting against this machine.
 
-The schema itself (:func:`from_dict`, :func:`to_dict`, declared ranges, field docs) is the policy package's
-(:mod:`vla_rl.core.schema`, :mod:`vla_rl.core.ranges`), which envs/ and policies/ use too; it is
-re-exported here, where the rest of the framework looks for it. Derived values live in properties of the
-dataclasses, never in fields rewritten later.
+The schema itself (:func:`~vla_rl.core.schema.from_dict`, :func:`~vla_rl.core.schema.to_dict`, declared ranges,
+field docs) is the ground floor's (:mod:`vla_rl.core.schema`, :mod:`vla_rl.core.ranges`). Derived values live in
+properties of the dataclasses, never in fields rewritten later.
 """
 
 from __future__ import annotations
@@ -19,17 +18,8 @@ from typing import TypeVar
 
 import yaml
 
-from vla_rl.core.ranges import (  # noqa: F401  (re-exported: see the module docstring)
-    ConfigError,
-    check_ranges,
-    describe_range,
-    fraction,
-    nonneg,
-    positive,
-    ranged,
-    setting,
-)
-from vla_rl.core.schema import config_help, from_dict, to_dict  # noqa: F401  (re-exported)
+from vla_rl.core.ranges import ConfigError
+from vla_rl.core.schema import from_dict
 from vla_rl.policies.policy_config import PolicyConfig
 
 

@@ -166,7 +166,7 @@ def test_fpo_ratio_is_one_at_the_sampling_parameters(sft_checkpoint, tmp_path):
     pcfg = trainer.actor.model_config
     assert ro.extras["fpo_old_loss"].shape == (2, 8, 3)
     assert ro.extras["fpo_eps"].shape == (2, 8, 3, pcfg.action_horizon, pcfg.action_dim)
-    from vla_rl.rl.algorithms.base import Batch, Step
+    from vla_rl.rl.algorithms.seam import Batch, Step
     algo = trainer.algorithm
     step = Step(ro.sampler, ro.execute, trainer.actor.dim_mask)
     batch = algo.prepare(Batch.of(ro, algo.advantages(ro)), step)

@@ -23,7 +23,7 @@ from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.policies.recompute import activation_checkpointing
 from vla_rl.presets import policy_preset
 from vla_rl.rl.algorithms import PPO, AlgorithmConfig, PPOConfig, make_algorithm
-from vla_rl.rl.algorithms.base import Batch, Step
+from vla_rl.rl.algorithms.seam import Batch, Step
 from vla_rl.rl.learner import Learner, LearnerConfig
 from vla_rl.rl.optim import state_nbytes
 from vla_rl.rl.rollout import collect_rollout

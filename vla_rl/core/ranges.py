@@ -5,7 +5,7 @@ Every numeric field of a config dataclass says which values it accepts (``ranged
 outside its range, and any non-finite float, with a :class:`ConfigError` naming the field, the value and the
 range. Every field may say what it does (``doc=``; :func:`setting` for a field without a range): the text
 ``vla-rl <command> --help-config`` prints (:func:`~.schema.config_help`). This module imports nothing of the
-project, so ``policies/``, ``envs/`` and ``vla_rl`` all use it (``vla_rl.presets`` re-exports it).
+project, so ``policies/``, ``envs/`` and ``vla_rl`` all use it.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from vla_rl.policies.lora import apply_lora
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats
 from vla_rl.policies.policy_config import PolicyConfig
-from vla_rl.rl.algorithms.base import Algorithm
+from vla_rl.rl.algorithms.seam import Algorithm
 from vla_rl.rl.learner import Learner, LearnerConfig
 from vla_rl.rl.rollout import Rollout
 

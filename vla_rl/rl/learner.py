@@ -25,7 +25,7 @@ from vla_rl.policies.inference import cast_weights
 from vla_rl.policies.lora import LoRAConfig, apply_lora, frozen_by_lora
 from vla_rl.policies.recompute import activation_checkpointing
 from vla_rl.rl import losses
-from vla_rl.rl.algorithms.base import Algorithm, Batch, Step
+from vla_rl.rl.algorithms.seam import Algorithm, Batch, Step
 from vla_rl.rl.optim import make_optimizer
 from vla_rl.rl.rollout import Rollout
 
@@ -88,9 +88,9 @@ class LearnerConfig:
 
 
 class Learner:
-    """``algorithm`` (:class:`~vla_rl.rl.algorithms.base.Algorithm`) on ``actor``'s model with ``cfg``. Each
+    """``algorithm`` (:class:`~vla_rl.rl.algorithms.seam.Algorithm`) on ``actor``'s model with ``cfg``. Each
     rollout says how it was sampled (``Rollout.sampler``, ``.execute``); the algorithm reads that from the
-    :class:`~vla_rl.rl.algorithms.base.Step` it is given.
+    :class:`~vla_rl.rl.algorithms.seam.Step` it is given.
 
     Data-parallel (``shard = (rank, world)``, ``world`` > 1): every learner holds the whole rollout, computes
     the same advantages and minibatch order, and runs the loss on its share of each minibatch (samples

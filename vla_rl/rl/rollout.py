@@ -139,7 +139,7 @@ def collect_rollout(actor: Actor, env, obs: dict, *, num_chunks: int, sampler: S
                     group_size: int = 1, algorithm=None) -> tuple[Rollout, dict]:
     """Run ``num_chunks`` chunk steps from ``obs``; returns the rollout and the next observation. ``group_size``:
     the envs per group sharing an initial state, as ``env`` was reset (GRPO), recorded in the rollout.
-    ``algorithm`` (an :class:`~vla_rl.rl.algorithms.base.Algorithm`): stores its extras of every chunk
+    ``algorithm`` (an :class:`~vla_rl.rl.algorithms.seam.Algorithm`): stores its extras of every chunk
     (``Rollout.extras``), its random draws made with the sampler's, chunk by chunk, from ``generator``.
 
     ``groups`` > 1 (an env with ``step_groups``: worker processes or Ray env actors) overlaps sampling with

@@ -41,7 +41,7 @@ from vla_rl.policies.policy_config import PolicyConfig
 from vla_rl.policies.recompute import activation_checkpointing
 from vla_rl.presets import policy_preset
 from vla_rl.rl.algorithms import make_algorithm
-from vla_rl.rl.algorithms.base import Batch, Step
+from vla_rl.rl.algorithms.seam import Batch, Step
 from vla_rl.rl.learner import Learner
 from vla_rl.rl.optim import LeanAdamW
 
@@ -136,7 +136,7 @@ def _probe_inputs(cfg, n: int, device) -> tuple[dict, Tensor, Tensor]:
 def update_probe(learner: Learner, n: int, sampler) -> Tensor:
     """The learner's algorithm's own loss on ``n`` samples (the passes :meth:`Learner.update` runs per
     micro-batch): a batch of zero inputs of the rollout's shapes, with the algorithm's extras
-    (:meth:`~vla_rl.rl.algorithms.base.Algorithm.extras_spec`), through ``prepare`` and ``loss``."""
+    (:meth:`~vla_rl.rl.algorithms.seam.Algorithm.extras_spec`), through ``prepare`` and ``loss``."""
     actor, algo = learner.actor, learner.algorithm
     cfg = actor.model_config
     obs, x, _ = _probe_inputs(cfg, n, actor.device)

@@ -1,4 +1,4 @@
-"""RL methods behind one seam (:mod:`.base`): each is one file here and one entry of :data:`ALGORITHMS`; the
+"""RL methods behind one seam (:mod:`.seam`): each is one file here and one entry of :data:`ALGORITHMS`; the
 config picks one by name (``algorithm.name``) and reads only its section (``algorithm.<name>``)."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 from vla_rl.core.ranges import ConfigError, setting
-from vla_rl.rl.algorithms.base import Algorithm
 from vla_rl.rl.algorithms.dapo import DAPO, DAPOConfig
 from vla_rl.rl.algorithms.fpo import FPO, FPOConfig
 from vla_rl.rl.algorithms.grpo import GRPO, GRPOConfig
 from vla_rl.rl.algorithms.ppo import PPO, PPOConfig
 from vla_rl.rl.algorithms.rloo import RLOO, RLOOConfig
+from vla_rl.rl.algorithms.seam import Algorithm
 
 ALGORITHMS: dict[str, type[Algorithm]] = {a.name: a for a in (PPO, GRPO, RLOO, DAPO, FPO)}
 

@@ -19,7 +19,7 @@ import torch
 
 from vla_rl.core.ranges import ConfigError, check_ranges, positive, ranged
 from vla_rl.rl import advantages as adv_lib
-from vla_rl.rl.algorithms.base import (
+from vla_rl.rl.algorithms.seam import (
     Advantages,
     Algorithm,
     Batch,

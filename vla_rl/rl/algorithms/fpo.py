@@ -30,7 +30,7 @@ from torch import Tensor
 
 from vla_rl.core.ranges import check_ranges, positive, ranged, setting
 from vla_rl.core.shapes import Float
-from vla_rl.rl.algorithms.base import Advantages, Algorithm, Batch, CriticConfig, Step, critic_loss, gae_advantages
+from vla_rl.rl.algorithms.seam import Advantages, Algorithm, Batch, CriticConfig, Step, critic_loss, gae_advantages
 from vla_rl.rl.losses import scalar
 
 

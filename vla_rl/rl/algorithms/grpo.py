@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from vla_rl.core.ranges import check_ranges, ranged, setting
 from vla_rl.rl import advantages as adv_lib
-from vla_rl.rl.algorithms.base import (
+from vla_rl.rl.algorithms.seam import (
     Advantages,
     Algorithm,
     Batch,

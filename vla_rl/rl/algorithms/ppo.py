@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vla_rl.core.ranges import check_ranges, setting
-from vla_rl.rl.algorithms.base import (
+from vla_rl.rl.algorithms.seam import (
     Advantages,
     Algorithm,
     Batch,

@@ -15,7 +15,7 @@ from torch import Tensor
 from vla_rl.core.ranges import check_ranges, ranged, setting
 from vla_rl.core.shapes import Float, Int
 from vla_rl.rl import advantages as adv_lib
-from vla_rl.rl.algorithms.base import (
+from vla_rl.rl.algorithms.seam import (
     Advantages,
     Algorithm,
     Batch,
