@@ -17,6 +17,7 @@ from typing import Any, Literal
 import torch
 
 from vla_rl.core.ranges import ConfigError, check_ranges, nonneg, positive, setting
+from vla_rl.core.schema import check_one_section
 from vla_rl.envs import builtin, maniskill
 from vla_rl.envs.builtin import ColorReachConfig, ColorReachEnv, ColorReachSingleEnv
 from vla_rl.envs.libero import robosuite_env
@@ -125,13 +126,7 @@ class EnvConfig:
 
     def __post_init__(self):
         check_ranges(self)
-        if self.kind not in ENV_KINDS:
-            raise ConfigError(f"kind: {self.kind!r} is not one of {list(KINDS)}")
-        defaults = EnvConfig.__dataclass_fields__
-        for other in KINDS:
-            if other != self.kind and getattr(self, other) != defaults[other].default_factory():
-                raise ConfigError(f"{other} is set but kind is {self.kind!r}: set kind={other} "
-                                  f"or move those settings to the {self.kind} section")
+        check_one_section(self, self.kind, KINDS, "kind")
         if self.info.batched and self.envs_per_worker not in (None, 1):
             raise ConfigError(f"envs_per_worker is for worker envs (maniskill on CPU, libero); the {self.kind} "
                               "env runs in-process as one batch")

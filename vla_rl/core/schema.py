@@ -210,3 +210,16 @@ def config_help(cls: type, *, prefix: str = "", width: int = 100) -> str:
 
 def _wrap(text: str, width: int) -> str:
     return textwrap.fill(" ".join(text.split()), width, initial_indent="    ", subsequent_indent="    ")
+
+
+def check_one_section(cfg: Any, chosen: str, sections: tuple[str, ...], key: str) -> None:
+    """A config that picks one of its ``sections`` by the field ``key`` (``env.kind``, ``algorithm.name``) and reads
+    only that one: another section set away from its defaults would silently do nothing, so it is refused."""
+    if chosen not in sections:
+        raise ConfigError(f"{key}: {chosen!r} is not one of {list(sections)}")
+    fields = {f.name: f for f in dataclasses.fields(cfg)}
+    for other in sections:
+        if other != chosen and getattr(cfg, other) != fields[other].default_factory():
+            raise ConfigError(f"{other} is set but {key} is {chosen!r}: set {key}={other} "
+                              f"or move those settings to the {chosen} section")
+

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from vla_rl.core.ranges import ConfigError, setting
+from vla_rl.core.schema import check_one_section
 from vla_rl.rl.algorithms.dapo import DAPO, DAPOConfig
 from vla_rl.rl.algorithms.fpo import FPO, FPOConfig
 from vla_rl.rl.algorithms.grpo import GRPO, GRPOConfig
@@ -32,13 +33,7 @@ class AlgorithmConfig:
     fpo: FPOConfig = setting(default_factory=FPOConfig, doc="name fpo")
 
     def __post_init__(self):
-        if self.name not in ALGORITHMS:
-            raise ConfigError(f"name: {self.name!r} is not one of {list(ALGORITHMS)}")
-        defaults = AlgorithmConfig.__dataclass_fields__
-        for other in ALGORITHMS:
-            if other != self.name and getattr(self, other) != defaults[other].default_factory():
-                raise ConfigError(f"{other} is set but name is {self.name!r}: set name={other} "
-                                  f"or move those settings to the {self.name} section")
+        check_one_section(self, self.name, tuple(ALGORITHMS), "name")
 
     @property
     def section(self):

@@ -16,12 +16,11 @@ from vla_rl.rl.algorithms.seam import (
     CriticConfig,
     Step,
     SurrogateConfig,
-    critic_loss,
     env_groups,
     episode_advantages,
     first_episodes,
     gae_advantages,
-    likelihood_policy_loss,
+    surrogate_loss,
     with_old_log_prob,
 )
 
@@ -64,15 +63,4 @@ class GRPO(Algorithm):
         return with_old_log_prob(batch, step, self.cfg)
 
     def loss(self, actor, batch: Batch, step: Step):
-        prefix = actor.prefix(batch.obs, hidden=self.cfg.critic is not None and actor.value_from_prefix)
-        if self.cfg.critic is not None:
-            loss, metrics = critic_loss(actor, prefix, batch, self.cfg.critic)
-        else:
-            loss, metrics = 0.0, {}
-        if step.train_policy:
-            pg, ent, pm = likelihood_policy_loss(actor, prefix, batch, step, self.cfg)
-            metrics.update(pm)
-            loss = loss + pg
-            if ent is not None:
-                loss = loss - self.cfg.entropy_coef * ent
-        return loss, metrics
+        return surrogate_loss(actor, batch, step, self.cfg, self.cfg.critic)

@@ -14,9 +14,8 @@ from vla_rl.rl.algorithms.seam import (
     CriticConfig,
     Step,
     SurrogateConfig,
-    critic_loss,
     gae_advantages,
-    likelihood_policy_loss,
+    surrogate_loss,
     with_old_log_prob,
 )
 
@@ -41,14 +40,4 @@ class PPO(Algorithm):
         return with_old_log_prob(batch, step, self.cfg)
 
     def loss(self, actor, batch: Batch, step: Step):
-        # The prefix's final hidden states feed only a prefix-sourced value head: without one, the last prefix
-        # layer computes its keys and values alone (its attention output and MLP would reach no loss).
-        prefix = actor.prefix(batch.obs, hidden=actor.value_from_prefix)
-        loss, metrics = critic_loss(actor, prefix, batch, self.cfg)
-        if step.train_policy:
-            pg, ent, pm = likelihood_policy_loss(actor, prefix, batch, step, self.cfg)
-            metrics.update(pm)
-            loss = loss + pg
-            if ent is not None:
-                loss = loss - self.cfg.entropy_coef * ent
-        return loss, metrics
+        return surrogate_loss(actor, batch, step, self.cfg, self.cfg)

@@ -24,7 +24,7 @@ from vla_rl.rl.algorithms.seam import (
     env_groups,
     episode_advantages,
     first_episodes,
-    likelihood_policy_loss,
+    surrogate_loss,
     with_old_log_prob,
 )
 
@@ -71,6 +71,4 @@ class RLOO(Algorithm):
         return with_old_log_prob(batch, step, self.cfg)
 
     def loss(self, actor, batch: Batch, step: Step):
-        prefix = actor.prefix(batch.obs, hidden=False)
-        pg, ent, metrics = likelihood_policy_loss(actor, prefix, batch, step, self.cfg)
-        return (pg if ent is None else pg - self.cfg.entropy_coef * ent), metrics
+        return surrogate_loss(actor, batch, step, self.cfg)

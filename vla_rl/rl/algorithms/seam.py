@@ -260,6 +260,23 @@ def likelihood_policy_loss(actor: Actor, prefix, batch: Batch, step: Step, cfg: 
     return pg, ent, metrics
 
 
+def surrogate_loss(actor: Actor, batch: Batch, step: Step, cfg: SurrogateConfig, critic: CriticConfig | None = None,
+                   *, clip_high: float | None = None) -> tuple[Tensor, dict[str, float]]:
+    """The loss of a method on the clipped chunk-likelihood surrogate (PPO, GRPO, RLOO, DAPO): the value loss where
+    there is a ``critic``, plus (unless the step trains the critic alone) the surrogate, minus the entropy bonus."""
+    # The prefix's final hidden states feed only a prefix-sourced value head: without one, the last prefix layer
+    # computes its keys and values alone (its attention output and MLP would reach no loss).
+    prefix = actor.prefix(batch.obs, hidden=critic is not None and actor.value_from_prefix)
+    loss, metrics = critic_loss(actor, prefix, batch, critic) if critic is not None else (0.0, {})
+    if step.train_policy:
+        pg, ent, pm = likelihood_policy_loss(actor, prefix, batch, step, cfg, clip_high=clip_high)
+        metrics.update(pm)
+        loss = loss + pg
+        if ent is not None:
+            loss = loss - cfg.entropy_coef * ent
+    return loss, metrics
+
+
 def critic_loss(actor: Actor, prefix, batch: Batch, cfg: CriticConfig) -> tuple[Tensor, dict[str, float]]:
     """``value_coef`` times the clipped Huber value loss of the current values against ``batch.returns``."""
     v_loss, metrics = losses.value_loss(values=actor.prefix_value(prefix), old_values=batch.values,
