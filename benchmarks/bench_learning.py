@@ -49,7 +49,8 @@ from vla_rl.presets import load_preset, policy_preset
 from vla_rl.train.sft import SFTConfig, SFTRunConfig, run_sft, train_sft
 from vla_rl.train.trainer import TrainConfig, Trainer, resume_trainer
 
-LABELS = {"sde": "Flow-SDE PPO", "noise": "Flow-Noise PPO"}
+LABELS = {"sde": "Flow-SDE PPO", "noise": "Flow-Noise PPO", "grpo": "GRPO (Flow-SDE)", "rloo": "RLOO (Flow-SDE)",
+          "fpo": "FPO++ (ODE)"}
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,9 @@ TASKS = {
     # iterations 70 and 160 (RESULTS.md).
     "builtin": TaskSetup({"sde": "builtin_flow_sde", "noise": "builtin_flow_noise"}, demos=10, sft_steps=500,
                          iterations=200),
-    "PushCube-v1": TaskSetup({"sde": "maniskill_pushcube_flow_sde", "noise": "maniskill_pushcube_flow_noise"},
+    "PushCube-v1": TaskSetup({"sde": "maniskill_pushcube_flow_sde", "noise": "maniskill_pushcube_flow_noise",
+                              "grpo": "maniskill_pushcube_grpo", "rloo": "maniskill_pushcube_rloo",
+                              "fpo": "maniskill_pushcube_fpo"},
                              demos=20, sft_steps=2000, iterations=150, demo_pool=100, eval_every=10,
                              eval_episodes=100),
     # PickCube: the planner pauses ~7 steps after the grasp; cloned as is, the policy stalls there (grasped,
