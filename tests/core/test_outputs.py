@@ -119,16 +119,21 @@ def commands(target: Path, src: Path) -> dict[str, list[str]]:
     }
 
 
-@pytest.mark.parametrize("other", ["training run", "dataset", "folder of training runs"])
+@pytest.mark.parametrize("other", ["training run", "dataset", "folder of training runs", "deep"])
 def test_no_command_replaces_another_kind_of_data_even_with_overwrite(tmp_path, capsys, other):
     """`cp -r runs/ref runs/x && vla-rl export sft runs/x` must not delete the run: with or without --overwrite,
-    each command names what the folder is and leaves it whole."""
+    each command names what the folder is and leaves it whole. ``deep``: `mkdir -p proj/runs && cp -r runs/base
+    proj/runs/rl1 && vla-rl export sft proj --overwrite` (the run two levels down) is refused too."""
     src = files(tmp_path / "src", "model.safetensors", "config.yaml")
     target = tmp_path / "target"
     if other == "training run":
         fake_run(target)
     elif other == "dataset":
         fake_dataset(target)
+    elif other == "deep":
+        fake_run(target / "runs" / "rl1")
+        files(target, "notes.txt", "runs/logs/x.txt")
+        other = "folder of training runs"
     else:
         fake_run(target / "a")
         fake_run(target / "b")
@@ -224,3 +229,32 @@ def test_a_part_of_a_run_or_dataset_counts_as_it_but_a_git_checkout_is_only_a_pl
     check_output(repo / "runs" / "old", overwrite=True, kind=RUN)
     with pytest.raises(OutputExistsError, match="is a git checkout"):
         check_output(repo, overwrite=True, kind=RUN)
+
+
+def test_a_folder_too_large_to_inspect_is_not_replaced(tmp_path, monkeypatch):
+    import vla_rl.core.outputs as outputs
+
+    for i in range(5):
+        files(tmp_path / "big" / f"d{i}", "x.txt")
+    monkeypatch.setattr(outputs, "MAX_FOLDERS_INSPECTED", 3)
+    assert folder_kind(tmp_path / "big") == outputs.UNINSPECTED
+    with pytest.raises(OutputExistsError, match="folder too large to inspect"):
+        check_output(tmp_path / "big", overwrite=True, kind=POLICY)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_outputs_honour_the_umask(tmp_path, umask):
+    """Folders written atomically (policies, exports, datasets, checkpoints) get the modes ordinary file creation
+    gives: readable by others under umask 022 (a robot's service account reads an export), private under 077."""
+    from vla_rl.interop.export import export_policy
+
+    src, _, _ = policy_folder(tmp_path / "policy")
+    old = os.umask(umask)
+    try:
+        export_policy(src, tmp_path / "export")
+    finally:
+        os.umask(old)
+    modes = {p: p.stat().st_mode & 0o777 for p in [tmp_path / "export", *(tmp_path / "export").rglob("*")]}
+    assert modes and all(m == (0o777 & ~umask if p.is_dir() else 0o666 & ~umask) for p, m in modes.items()), \
+        {str(p): oct(m) for p, m in modes.items()}
+

@@ -59,6 +59,7 @@ def atomic_folder(path: str | Path) -> Iterator[Path]:
         raise _write_failed(path, e) from None
     try:
         yield tmp
+        honour_umask(tmp)
         old = None
         if path.exists():
             old = path.parent / f".{path.name}.old-{os.getpid()}"
@@ -74,6 +75,20 @@ def atomic_folder(path: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def honour_umask(folder: Path) -> None:
+    """Give ``folder`` and everything in it the modes ordinary file creation gives under this process's umask
+    (``mkdtemp`` makes 700 and safetensors writes 600, so a robot's service account or a lab mate could not read an
+    export, a dataset or a checkpoint written under umask 022)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(folder, 0o777 & ~mask)
+    for root, dirs, files in os.walk(folder):
+        for d in dirs:
+            os.chmod(os.path.join(root, d), 0o777 & ~mask)
+        for f in files:
+            os.chmod(os.path.join(root, f), 0o666 & ~mask)
 
 
 def clean_stale_temp(parent: str | Path) -> list[str]:

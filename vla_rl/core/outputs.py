@@ -100,20 +100,40 @@ def _own_kind_of(path: Path) -> str | None:
     return _own_kind(path) if path.is_dir() else None
 
 
+# A folder with more subfolders than this is not searched to the end: it is refused as too large to inspect.
+MAX_FOLDERS_INSPECTED = 20_000
+UNINSPECTED = "folder too large to inspect"
+
+
 def folder_kind(path: str | Path) -> str | None:
     """What kind of data the folder ``path`` holds, in words (``"training run"``, ``"dataset"``, ...), or None for
-    an absent or empty folder and a folder of no known kind. A folder whose subfolders hold known kinds is
-    ``"folder of training runs"`` (or of whatever they hold)."""
+    an absent or empty folder and a folder of no known kind. A folder that holds known kinds at any depth (``proj/``
+    with ``proj/runs/rl1/`` a run) is ``"folder of training runs"`` (or of whatever they hold): an ``--overwrite``
+    of ``proj`` would delete them. Links are not followed; hidden folders (``.cache``, ``.venv``) are not searched."""
     path = Path(path)
     if not path.is_dir():
         return None
     own = _own_kind(path)
     if own is not None:
         return own
-    inside = sorted({k for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")
-                     for k in [_own_kind(p)] if k is not None})
+    inside: set[str] = set()
+    seen = 0
+    for root, dirs, _ in os.walk(path):
+        keep = []
+        for name in dirs:
+            if name.startswith("."):
+                continue
+            seen += 1
+            if seen > MAX_FOLDERS_INSPECTED:
+                return UNINSPECTED
+            kind = _own_kind(Path(root) / name)
+            if kind is None:
+                keep.append(name)   # searched further down
+            else:
+                inside.add(kind)    # a known kind is not looked into
+        dirs[:] = keep
     if inside:
-        return "folder of " + " and ".join(f"{k.removesuffix(' folder')}s" for k in inside)
+        return "folder of " + " and ".join(f"{k.removesuffix(' folder')}s" for k in sorted(inside))
     return None
 
 
