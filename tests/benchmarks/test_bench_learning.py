@@ -23,10 +23,11 @@ SPEC.loader.exec_module(bench)
 @pytest.mark.parametrize("task", sorted(bench.TASKS))
 def test_task_entries_parse(task):
     setup = bench.TASKS[task]
-    assert set(setup.presets) == {"sde", "noise"}
+    assert {"sde", "noise"} <= set(setup.presets)
     for method, preset in setup.presets.items():
         cfg = load_preset(TrainConfig, "experiment", preset)
-        assert cfg.sampler.method == method
+        # the two PPO rows are named by their sampler, the other methods by their algorithm
+        assert cfg.sampler.method == method if method in ("sde", "noise") else cfg.algorithm.name == method
     sft = from_dict(SFTRunConfig, dict(setup.sft))
     parse_dims(sft.hidden_state_dims, 42)   # the ManiSkill state size; raises on a bad spec
     assert setup.demos >= 1
