@@ -26,6 +26,7 @@ from vla_rl.core.ranges import ConfigError, check_ranges, fraction, nonneg, posi
 STREAM_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 VISION_TARGETS = ("qkv", "proj", "fc1", "fc2")
 PARTS = ("prefix", "expert")
+PART_TARGETS = {"prefix": VISION_TARGETS + STREAM_TARGETS, "expert": STREAM_TARGETS}   # what each part's layers are
 ADAPTER_SUFFIXES = (".lora_A", ".lora_B")
 
 
@@ -54,6 +55,11 @@ class LoRAConfig:
                               f"{list(STREAM_TARGETS + VISION_TARGETS)}")
         if self.dropout >= 1:
             raise ConfigError("lora.dropout must be < 1")
+        if self.enabled:   # a part none of whose layers is a target would get no adapter and train as if no LoRA
+            for part in self.parts:
+                if not set(self.targets) & set(PART_TARGETS[part]):
+                    raise ConfigError(f"lora.targets {list(self.targets)} select no layer of the {part}: its layers "
+                                      f"are {list(PART_TARGETS[part])}")
 
     @property
     def enabled(self) -> bool:

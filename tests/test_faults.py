@@ -249,8 +249,53 @@ def test_every_writing_command_refuses_an_occupied_output_before_any_work(tmp_pa
         line = one_error_line(capsys, "output")
         assert "--overwrite" in line, line
     assert (taken / "keep.txt").read_text() == "precious" and result.read_text() == "{}"
-    assert cli_main(["collect", "builtin", str(taken), "episodes=2", "num_envs=2", "--overwrite"]) == 0
-    assert not (taken / "keep.txt").exists() and (taken / "meta" / "info.json").is_file()
+    # --overwrite replaces the command's own output, not a folder of the user's files
+    assert cli_main(["collect", "builtin", str(taken), "episodes=2", "num_envs=2", "--overwrite"]) == 2
+    assert "holds keep.txt, which a dataset does not hold" in one_error_line(capsys, "output")
+    assert (taken / "keep.txt").read_text() == "precious"
+    data = tmp_path / "data"
+    assert cli_main(["collect", "builtin", str(data), "episodes=2", "num_envs=2"]) == 0
+    assert cli_main(["collect", "builtin", str(data), "episodes=3", "num_envs=2", "--overwrite"]) == 0
+    assert json.loads((data / "meta" / "info.json").read_text())["total_episodes"] == 3
+
+
+@pytest.mark.parametrize("out", [".", ".."])
+def test_the_folder_a_command_runs_in_is_refused_as_its_output_before_any_work(out, tmp_path, monkeypatch, capsys):
+    """sft out=. --overwrite trained to the end and then could not rename '.': now refused before the work."""
+    import vla_rl.train.sft as sft_mod
+
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / "notes.txt").write_text("mine")
+    monkeypatch.chdir(here)
+    monkeypatch.setattr(sft_mod, "train_sft", lambda *a, **k: pytest.fail("the work started"))
+    for argv in (["sft", "/nonexistent/dataset", f"out={out}", "--overwrite"],
+                 ["collect", "builtin", out, "--overwrite"], ["demo", f"out={out}", "--overwrite"]):
+        assert cli_main(argv) == 2, argv
+        assert "the folder this command runs in" in one_error_line(capsys, "output")
+    assert (here / "notes.txt").read_text() == "mine"
+
+
+def test_every_output_of_every_command_is_readable_by_others_under_umask_022(sft, tmp_path):
+    """mkdtemp makes 700 and safetensors writes 600: outputs written aside and renamed into place were readable by
+    their writer alone (a robot's service account could not read an export, a lab mate a dataset). Under umask 022
+    every folder is 755 and every file 644, whichever command wrote it."""
+    old = os.umask(0o022)   # (import: tests/checkpoint/test_pretrained.py checks its folder's modes)
+    try:
+        for argv in (["collect", "builtin", str(tmp_path / "dataset"), "episodes=2", "num_envs=2"],
+                     ["sft", str(tmp_path / "dataset"), f"out={tmp_path / 'policy'}", "steps=2", "eval_episodes=0"],
+                     ["train", "builtin_flow_noise", *overrides(sft, tmp_path / "run", iterations=1)],
+                     ["eval", str(tmp_path / "run"), "episodes=2", "num_envs=2", f"out={tmp_path / 'eval.json'}"],
+                     ["export", str(tmp_path / "run"), str(tmp_path / "export")],
+                     ["report", str(tmp_path / "run"), "--out", str(tmp_path / "report")]):
+            assert cli_main(argv) == 0, argv
+    finally:
+        os.umask(old)
+    written = [p for p in tmp_path.rglob("*") if not p.is_symlink()]
+    assert {p.name for p in tmp_path.iterdir()} >= {"dataset", "policy", "run", "eval.json", "export", "report"}
+    wrong = {str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777) for p in written
+             if p.stat().st_mode & 0o777 != (0o755 if p.is_dir() else 0o644)}
+    assert not wrong, wrong
 
 
 def test_collect_help_says_what_collect_does_with_an_occupied_folder(capsys):
@@ -400,7 +445,8 @@ def test_bench_export_report_and_serve_errors_take_the_one_error_path(tmp_path, 
     assert "vla-rl: " in capsys.readouterr().err
     printers = [f.name for f in ast.walk(ast.parse(inspect.getsource(cli))) if isinstance(f, ast.FunctionDef)
                 and any(isinstance(n, ast.keyword) and n.arg == "file" for n in ast.walk(f))]
-    assert printers == ["report_error"], printers   # only report_error writes to stderr
+    # only report_error writes an error to stderr (_stop_once's `again` says a Ctrl-C is being handled)
+    assert set(printers) == {"report_error", "_stop_once", "again"}, printers
 
 
 def test_every_user_error_class_exists_where_the_cli_looks_it_up():
@@ -432,6 +478,41 @@ def test_a_missing_simulator_is_an_env_error_without_the_resume_hint():
     assert "--resume runs/x" in advice("env", args, WorkerError(0, "died"))
 
 
+SLOW_TIDY_UP = """
+import sys, time
+from pathlib import Path
+import vla_rl.cli as cli
+
+def work(args):
+    try:
+        print("working", file=sys.stderr, flush=True)
+        time.sleep(60)
+    finally:   # a command's tidy-up (closing workers, removing partial files) takes a while
+        time.sleep(1.0)
+        Path(sys.argv[2]).write_text("tidied")
+
+cli._demo = work
+sys.exit(cli.main(["demo", *sys.argv[1:2]]))
+"""
+
+
+def test_a_second_ctrl_c_neither_cuts_the_tidy_up_short_nor_prints_a_traceback(tmp_path):
+    """The first Ctrl-C stops the command; one pressed during its tidy-up only says that it is stopping (it used
+    to interrupt the tidy-up, and from inside torch print a 30-line traceback)."""
+    done = tmp_path / "tidied"
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_TIDY_UP, "out=x", str(done)], cwd=ROOT, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE)
+    assert proc.stderr.readline().strip() == "working"
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)   # during the tidy-up
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert err.splitlines() == ["vla-rl: already stopping, tidying up (Ctrl-\\ ends it at once)",
+                                "vla-rl: interrupted"], err
+    assert done.read_text() == "tidied"
+
+
 def test_a_bug_is_one_line_with_exit_1_and_points_at_debug(tmp_path, monkeypatch, capsys):
     import vla_rl.data.collect as collect
 
@@ -459,6 +540,44 @@ def test_empty_dataset_and_missing_cuda_are_one_line_errors(tmp_path, capsys):
         assert not (tmp_path / "r").exists()
     assert cli_main(["train", "builtin_flow_noise", "device=tpu:0", f"out={tmp_path / 'r'}"]) == 2
     assert "device" in one_error_line(capsys, "config")
+
+
+def test_devices_torch_knows_but_that_cannot_run_here_are_config_errors(sft, tmp_path, capsys):
+    """meta (and mps off Apple silicon) are torch devices: train, eval and serve refuse them by name at config time,
+    not with an internal error from the first random generator."""
+    bad = ["meta"] + ([] if torch.backends.mps.is_available() else ["mps"])
+    for device in bad:
+        assert cli_main(["train", "builtin_flow_noise", f"init={sft}", f"device={device}",
+                         f"out={tmp_path / 'r'}"]) == 2
+        assert f"device={device}" in one_error_line(capsys, "config")
+        assert not (tmp_path / "r").exists()
+        assert cli_main(["eval", str(sft), "episodes=2", f"device={device}"]) == 2
+        assert f"device={device}" in one_error_line(capsys, "config")
+        assert cli_main(["serve", str(sft), "--port", "0", "--device", device]) == 2
+        assert f"--device {device}" in one_error_line(capsys, "config")
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["collect", "libero", "suite=libero_spatail"], "unknown LIBERO suite 'libero_spatail'"),
+    (["collect", "libero", "task_ids=[12]"], "task_ids [12] out of range: libero_spatial has 10 tasks"),
+    (["train", "libero_spatial_flow_sde", "env.libero.task_ids=[10]"], "env.libero: task_ids [10] out of range"),
+    (["train", "libero_spatial_warp_flow_noise", "env.libero_warp.task_ids=[10]"],
+     "env.libero_warp: task_ids [10] out of range"),
+])
+def test_libero_suites_and_task_ids_are_checked_at_config_time(argv, says, tmp_path, capsys):
+    """A misspelt suite or a task id past the suite's end is a config error before any simulator starts (it was an
+    internal error, or in train a 'dead worker' with advice to resume a run that was never created)."""
+    assert cli_main([*argv, f"out={tmp_path / 'out'}"] if argv[0] == "train" else
+                    [*argv[:2], str(tmp_path / "out"), *argv[2:]]) == 2
+    assert says in one_error_line(capsys, "config")
+    assert not (tmp_path / "out").exists()
+
+
+def test_collect_libero_takes_threads_like_every_command():
+    from vla_rl.data.libero_demos import LiberoRecordConfig, recording_info
+
+    cfg = from_dict(LiberoRecordConfig, {"threads": 1})
+    assert cfg.threads == 1 and "threads" not in recording_info(cfg)["vla_rl"]["collect"]
 
 
 def test_a_dead_env_worker_gives_advice_a_cli_user_can_follow(sft, tmp_path, monkeypatch, capsys):

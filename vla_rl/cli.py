@@ -11,7 +11,9 @@ import argparse
 import importlib
 import importlib.util
 import logging
+import math
 import os
+import signal
 import sys
 
 from vla_rl.core.ranges import ConfigError
@@ -285,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse the command line, run its command, and report any error in one line: a user's or the machine's
     (:data:`USER_ERRORS`) exits 2, a bug 1, Ctrl-C 130; ``--debug`` / ``VLA_RL_DEBUG=1`` raise it instead."""
     args = parse_args(argv)
+    before = _stop_once()
     try:
         if args.command in TRAIN_COMMANDS:
             check_train_packages(args.command)
@@ -293,6 +296,30 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug or os.environ.get("VLA_RL_DEBUG", "") not in ("", "0"):
             raise
         return report_error(e, args)
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGINT, before)
+
+
+def _stop_once():
+    """Make Ctrl-C stop a command once: the first raises KeyboardInterrupt (the command tidies up: workers closed,
+    partial files removed); later ones only say that it is stopping, so they cannot cut the tidy-up short or print
+    a traceback from wherever it was (Ctrl-\\ still ends the process at once). Returns the handler to restore
+    (None where Python's own handler is not installed, e.g. outside the main thread)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return None
+
+    def again(signum, frame):
+        print("vla-rl: already stopping, tidying up (Ctrl-\\ ends it at once)", file=sys.stderr, flush=True)
+
+    def first(signum, frame):
+        signal.signal(signal.SIGINT, again)
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGINT, first)
 
 
 def report_error(e: BaseException, args) -> int:
@@ -308,6 +335,17 @@ def report_error(e: BaseException, args) -> int:
         return 1
     print(f"vla-rl: {kind} error: {one_line(str(e))}{advice(kind, args, e)}", file=sys.stderr)
     return 2
+
+
+def gigabytes(text: str) -> float:
+    """An ``argparse`` type: a finite number of GB > 0 (``nan`` / ``inf`` / ``0`` would plan against no card)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GB") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a GPU's memory as a finite number of GB > 0, e.g. 80")
+    return value
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -353,7 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--plan", action="store_true",
                        help="print the memory plan per GPU (weights, gradients, optimizer, rollout, activations) "
                             "and exit; a config that cannot fit is an error naming settings that would")
-    train.add_argument("--gpu-memory", type=float, metavar="GB",
+    train.add_argument("--gpu-memory", type=gigabytes, metavar="GB",
                        help="with --plan: check against a GPU of this many GB (default: this machine's GPU)")
     train.set_defaults(func=_train)
 
@@ -504,7 +542,17 @@ class HelpConfig(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         module, name = CONFIGS[self.command]
-        print(f"`vla-rl {self.command}` settings (key=value overrides; {name}):\n")
+        command = self.command
+        if command == "collect":   # `collect libero` records with its own settings
+            from vla_rl.envs.registry import LIBERO
+
+            kind = getattr(namespace, "kind", None)
+            command = f"collect {kind}" if kind else command
+            if kind == LIBERO:
+                module, name = "vla_rl.data.libero_demos", "LiberoRecordConfig"
+            elif kind is None:
+                print(f"(`vla-rl collect {LIBERO} --help-config` lists LIBERO's settings)\n")
+        print(f"`vla-rl {command}` settings (key=value overrides; {name}):\n")
         print(config_help(getattr(importlib.import_module(module), name)))
         parser.exit()
 

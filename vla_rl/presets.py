@@ -35,22 +35,30 @@ CONFIG_DIR = _config_dir()
 T = TypeVar("T")
 
 
-def resolve_device(name: str):
-    """``torch.device(name)``, checked: a malformed name, or a CUDA device on a machine without one (or
-    without that index), is a :class:`ConfigError` (``device=cpu`` runs anywhere)."""
+def resolve_device(name: str, *, spelled: str = "device={}"):
+    """``torch.device(name)``, checked: a malformed name, another device type, or a CUDA / MPS device on a machine
+    without one (or without that index), is a :class:`ConfigError` (``device=cpu`` runs anywhere). ``spelled`` is how
+    the user writes the setting (``"--device {}"`` for serve), so the advice is something they can type."""
     import torch  # here, not at the top: the CLI imports this module to parse, before any job needs torch
 
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError) as e:
-        raise ConfigError(f"device = {name!r} is not a torch device ({e}); use cpu, cuda or cuda:<index>") from None
+        raise ConfigError(f"{spelled.format(name)} is not a torch device ({e}); use cpu, cuda or "
+                          "cuda:<index>") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError(f"device = {name!r} but CUDA is not available on this machine; use device=cpu")
+            raise ConfigError(f"{spelled.format(name)}, but CUDA is not available on this machine; use "
+                              f"{spelled.format('cpu')}")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(f"device = {name!r} but this machine has {torch.cuda.device_count()} CUDA device(s)")
-    elif device.type not in ("cpu", "mps"):
-        raise ConfigError(f"device = {name!r}: vla-rl runs on cpu or cuda")
+            raise ConfigError(f"{spelled.format(name)}, but this machine has {torch.cuda.device_count()} CUDA "
+                              "device(s)")
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ConfigError(f"{spelled.format(name)}, but Apple's MPS backend is not available on this machine; "
+                              f"use {spelled.format('cpu')}")
+    elif device.type != "cpu":
+        raise ConfigError(f"{spelled.format(name)}: vla-rl runs on cpu, cuda or mps")
     return device
 
 

@@ -134,6 +134,10 @@ def check_task_selection(cfg, *, distinct_ids: bool = False) -> None:
         if ids is not None and (not ids or any(i < 0 for i in ids) or (distinct_ids and len(set(ids)) != len(ids))):
             what = "distinct ids" if distinct_ids else "ids"
             raise ValueError(f"{name} must be None or a non-empty list of {what} >= 0, got {ids}")
+    n = SUITE_NUM_TASKS[cfg.suite]
+    if cfg.task_ids is not None and any(i >= n for i in cfg.task_ids):
+        raise ValueError(f"task_ids {[i for i in cfg.task_ids if i >= n]} out of range: {cfg.suite} has {n} tasks "
+                         f"(0..{n - 1})")
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,11 @@ from helpers import disk_full_at
 from safetensors.torch import load_file
 
 from vla_rl.checkpoint import lerobot_pi as lr_import
-from vla_rl.checkpoint.lerobot_pi import LeRobotImportError, import_lerobot, load_lerobot
+from vla_rl.checkpoint.lerobot_pi import import_lerobot, load_lerobot
 from vla_rl.checkpoint.policy import load_any_policy, load_policy, save_policy
 from vla_rl.cli import main as cli_main
 from vla_rl.core.errors import CheckpointError
+from vla_rl.core.ranges import ConfigError
 from vla_rl.policies import flow, load_exported
 from vla_rl.policies.tokenizer import SentencePieceTokenizer, TokenizerError, discretize_state, pi05_prompt
 
@@ -125,6 +126,19 @@ def imported(sp_model, tmp_path_factory) -> dict[str, Path]:
     return out
 
 
+def test_an_imported_folder_is_readable_by_others_under_umask_022(sp_model, tmp_path):
+    import os
+
+    old = os.umask(0o022)
+    try:
+        assert cli_main(["import", "lerobot", str(FIXTURES / "pi0"), str(tmp_path / "out"), "--tokenizer",
+                         str(sp_model), "vision.num_heads=2"]) == 0
+    finally:
+        os.umask(old)
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in [tmp_path / "out", *(tmp_path / "out").rglob("*")]}
+    assert modes == {p: "0o755" if (tmp_path / "out" / p).is_dir() or p == "out" else "0o644" for p in modes}, modes
+
+
 @pytest.mark.parametrize("kind", ["pi0", "pi05"])
 def test_imported_folder_reproduces_the_reference_and_survives_save_load(imported, kind, tmp_path):
     assert sorted(p.name for p in imported[kind].iterdir()) == [
@@ -165,8 +179,11 @@ def test_import_errors_name_the_problem(sp_model, tmp_path, capsys):
     assert "not 'openpi'" in capsys.readouterr().err
     big = tmp_path / "big.model"
     shutil.copy(sp_model, big)
-    with pytest.raises(LeRobotImportError, match="unknown config key"):
+    with pytest.raises(ConfigError, match=r"unknown config key\(s\): vison \(valid: "):
         import_lerobot(FIXTURES / "pi0", tmp_path / "d", tokenizer=big, overrides={**TINY, "vison": {}})
+    # a mistyped key is the user's config error, named as typed (it was a checkpoint error about `policy.vision...`)
+    assert cli_main(["import", "lerobot", str(FIXTURES / "pi0"), str(tmp_path / "d"), "vision.dept=2"]) == 2
+    assert capsys.readouterr().err.startswith("vla-rl: config error: unknown config key(s): vision.dept (valid: ")
     folder = tmp_path / "pi0"
     shutil.copytree(FIXTURES / "pi0", folder)
     shutil.copy(sp_model, folder / "tokenizer.model")   # found next to the checkpoint

@@ -72,6 +72,12 @@ def test_every_command_lists_its_settings(capsys):
     with pytest.raises(SystemExit):
         main(["eval", "--help-config"])
     assert "sampler.method: 'ode' | 'sde' | 'noise' = 'ode'\n    ode: deterministic" in capsys.readouterr().out
+    # collect libero records with its own settings (suite, task_ids, ...), not the built-in / ManiSkill ones
+    with pytest.raises(SystemExit):
+        main(["collect", "libero", "--help-config"])
+    out = capsys.readouterr().out
+    assert "`vla-rl collect libero` settings" in out and "suite: str = 'libero_spatial'" in out
+    assert "LiberoRecordConfig" in out and "CollectConfig" not in out
 
 
 def test_overrides_parse_values_as_yaml():

@@ -149,7 +149,7 @@ def test_no_command_replaces_another_kind_of_data_even_with_overwrite(tmp_path, 
             assert snapshot(target) == before, name
 
 
-def test_overwrite_replaces_the_own_kind_and_plain_files_only(tmp_path, capsys):
+def test_overwrite_replaces_the_own_kind_and_a_plain_file_only(tmp_path, capsys):
     src, _, _ = policy_folder(tmp_path / "policy")
     out = tmp_path / "export"
     assert cli_main(["export", str(src), str(out), "--dtype", "fp32"]) == 0
@@ -159,11 +159,18 @@ def test_overwrite_replaces_the_own_kind_and_plain_files_only(tmp_path, capsys):
     assert f"exported policy {out} is not empty" in line and "--overwrite" in line
     assert cli_main(["export", str(src), str(out), "--dtype", "bf16", "--overwrite"]) == 0
     assert json.loads((out / "config.json").read_text())["dtype"] == "bf16"
+    # a folder holding what an export does not hold (the user's notes, a project) is not an export to replace
     plain = files(tmp_path / "plain", "notes.txt")
-    assert cli_main(["export", str(src), str(plain), "--dtype", "fp32"]) == 2
-    assert "is not empty" in error_line(capsys)
-    assert cli_main(["export", str(src), str(plain), "--dtype", "fp32", "--overwrite"]) == 0
-    assert not (plain / "notes.txt").exists() and (plain / "spec.json").is_file()
+    for flags in ([], ["--overwrite"]):
+        assert cli_main(["export", str(src), str(plain), "--dtype", "fp32", *flags]) == 2
+        assert "holds notes.txt, which an exported policy does not hold: it is not replaced, even with --overwrite" \
+            in error_line(capsys)
+    assert (plain / "notes.txt").read_text() == "x"
+    # a plain file named as the output is replaced with --overwrite, and no hidden copy of it stays behind
+    (tmp_path / "file").write_text("old")
+    assert cli_main(["export", str(src), str(tmp_path / "file"), "--dtype", "fp32", "--overwrite"]) == 0
+    assert (tmp_path / "file" / "spec.json").is_file()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
     # another kind of policy folder is not an export: refused even with --overwrite
     other_src, _, _ = policy_folder(tmp_path / "policy2")
     assert cli_main(["export", str(other_src), str(src), "--overwrite"]) == 2
@@ -225,8 +232,11 @@ def test_a_part_of_a_run_or_dataset_counts_as_it_but_a_git_checkout_is_only_a_pl
     (repo / "runs" / "cmp").mkdir(parents=True)
     (repo / "runs" / "cmp" / "e.json").write_text(json.dumps({"format": "vla-rl-eval-episodes/1"}))
     check_output(repo / "runs" / "cmp" / "e.json", overwrite=True, kind=EVAL_FILE)   # outputs in a checkout
-    files(repo / "runs" / "old", "notes.txt")
+    files(repo / "runs" / "old", "config.yaml")   # a run killed before its first metrics line: the start of one
     check_output(repo / "runs" / "old", overwrite=True, kind=RUN)
+    files(repo / "runs" / "old", "notes.txt")     # something a run does not hold: not a run to start over
+    with pytest.raises(OutputExistsError, match="holds notes.txt, which a training run does not hold"):
+        check_output(repo / "runs" / "old", overwrite=True, kind=RUN)
     with pytest.raises(OutputExistsError, match="is a git checkout"):
         check_output(repo, overwrite=True, kind=RUN)
 

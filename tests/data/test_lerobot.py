@@ -195,8 +195,10 @@ def test_cli_collect_then_sft(tmp_path, capsys):
     from vla_rl.cli import main
 
     ds, out = tmp_path / "demos", tmp_path / "policy"
-    assert main(["collect", "builtin", str(ds), "episodes=3", "num_envs=4", "env.jitter=0.2"]) == 0
+    # threads= as every command takes it (how fast, not what: info.json does not record it)
+    assert main(["collect", "builtin", str(ds), "episodes=3", "num_envs=4", "env.jitter=0.2", "threads=1"]) == 0
     info = json.loads((ds / "meta" / "info.json").read_text())
+    assert "threads" not in info["vla_rl"]["collect"]
     assert info["vla_rl"]["env"] == "builtin" and info["vla_rl"]["env_config"]["jitter"] == 0.2
     collect = info["vla_rl"]["collect"]
     assert collect["kind"] == "builtin" and collect["num_envs"] == 4 and collect["fps"] == 10 == info["fps"]

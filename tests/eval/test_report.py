@@ -118,10 +118,11 @@ def test_step_tick_labels_never_overlap(tmp_path, monkeypatch):
     assert crowded == []
 
 
-def test_report_on_a_full_disk_keeps_the_previous_figures_whole(tmp_path, monkeypatch, capsys):
-    """A figure is written to a temporary file and renamed into place: a full disk half-way through a PNG leaves
-    the previous report's file whole and no stray temporary file (`file error`, exit 2). The report's own earlier
-    folder is rewritten without --overwrite; a folder of other files needs it."""
+def test_report_on_a_full_disk_keeps_the_previous_report_whole(tmp_path, monkeypatch, capsys):
+    """The report folder is written aside and renamed into place: a full disk half-way through the second figure
+    leaves the previous report whole (every file as it was, not half old and half new), no stray temporary
+    folder, and a `file error` naming the path (exit 2). The report's own earlier folder is rewritten without
+    --overwrite; a folder of other files, or a report folder beside files a report does not write, needs it."""
     import errno
     import os
 
@@ -140,14 +141,18 @@ def test_report_on_a_full_disk_keeps_the_previous_figures_whole(tmp_path, monkey
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(self, fname, *args, **kw)
 
+    b = _write_run(tmp_path / "b", [0.1, 0.3, 0.2])   # another run: every file of its report would differ
     monkeypatch.setattr(Figure, "savefig", savefig)
     capsys.readouterr()
-    assert cli_main(["report", str(a), "--out", str(rep)]) == 2
+    assert cli_main(["report", str(b), "--out", str(rep)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("vla-rl: file error: ") and "No space left on device" in err, err
-    assert {p.name: p.read_bytes() for p in rep.iterdir() if p.name != "success_vs_steps.png"} == \
-        {k: v for k, v in before.items() if k != "success_vs_steps.png"}
-    assert (rep / "success_vs_steps.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert err.startswith("vla-rl: file error: ") and "No space left on device" in err and str(rep) in err, err
+    assert {p.name: p.read_bytes() for p in rep.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "rep"]
+    monkeypatch.setattr(Figure, "savefig", real)
+    (rep / "notes.txt").write_text("mine")   # a report folder that also holds the user's notes
+    assert cli_main(["report", str(a), "--out", str(rep)]) == 2
+    assert "notes.txt" in capsys.readouterr().err and (rep / "notes.txt").read_text() == "mine"
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("mine")

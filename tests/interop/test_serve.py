@@ -470,7 +470,9 @@ def test_serve_on_cuda_without_cuda_is_a_config_error(exported, capsys):
 
     assert main(["serve", str(exported), "--port", "0", "--device", "cuda"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("vla-rl: config error: device = 'cuda' but CUDA is not available"), err
+    # the advice is spelled as serve takes it (--device cpu), not as a config key
+    assert err.startswith("vla-rl: config error: --device cuda, but CUDA is not available"), err
+    assert err.rstrip().endswith("use --device cpu"), err
 
 
 def test_limits_that_let_messages_outgrow_the_memory_budget_are_refused(exported, capsys):

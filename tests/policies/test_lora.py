@@ -113,6 +113,10 @@ def test_lora_config_is_checked():
         from_dict(TrainConfig, {"learner": {"lora": {"rank": 8, "targets": ["qproj"]}}})
     with pytest.raises(ConfigError, match="learner.lora.rank"):
         from_dict(TrainConfig, {"learner": {"lora": {"rank": -1}}})
+    # a selection that adapts no layer of a part would train as if there were no LoRA: refused, naming its layers
+    with pytest.raises(ConfigError, match=r"select no layer of the expert: its layers are \['q_proj'"):
+        from_dict(TrainConfig, {"learner": {"lora": {"rank": 8, "parts": ["expert"], "targets": ["qkv"]}}})
+    from_dict(TrainConfig, {"learner": {"lora": {"rank": 8, "parts": ["prefix"], "targets": ["qkv"]}}})
 
 
 def strip_time(history):
@@ -143,3 +147,18 @@ def test_lora_run_resumes_exactly_and_its_checkpoints_merge_for_eval_and_export(
     assert json.loads((out / "config.json").read_text())["dtype"] == "fp32"
     exported = load_exported(out)
     assert (outputs(exported.model) - outputs(merged)).abs().max().item() < 1e-6
+
+
+def test_resume_refuses_other_lora_settings_by_name(sft_checkpoint, tmp_path):
+    """The checkpoints hold the run's adapters: another rank would make every one look damaged ("unusable"), so the
+    override is refused by name, as init= and model= are."""
+    from vla_rl.train.trainer import resume_trainer
+
+    lora = {"lora": {"rank": 4}, "update_epochs": 1, "minibatches": 2}
+    Trainer(train_config(sft_checkpoint, tmp_path / "run", learner=lora, iterations=1), log=lambda *_: None).run()
+    with pytest.raises(ConfigError, match=r"learner.lora cannot change on a resumed run.*'rank': 4"):
+        resume_trainer(tmp_path / "run", overrides={"learner": {"lora": {"rank": 8}}}, log=lambda *_: None)
+    resumed = resume_trainer(tmp_path / "run", overrides={"iterations": 2, "learner": {"lora": {"rank": 4}}},
+                             log=lambda *_: None)
+    assert resumed.iteration == 1
+

@@ -39,10 +39,17 @@ def test_trend_statements():
     assert rose.first == 0.55 and rose.last == pytest.approx((0.82 + 0.9 + 0.88) / 3) and rose.p < 0.05
     assert trend_statement(rose).startswith("success rose over the run: 0.550 at the start -> 0.867")
     flat = success_trend([(0, 0.3), (10, 0.32), (20, 0.27), (30, 0.31), (40, 0.29), (50, 0.3)])
-    assert trend_statement(flat).startswith("no significant trend in success")
+    assert trend_statement(flat).startswith("success 0.300 at the start -> 0.300 (mean of the last 3 evaluations); "
+                                            "the evaluations show no significant trend (Mann-Kendall over 6")
     fell = success_trend([(i, 0.9 - 0.1 * i) for i in range(6)])
     assert trend_statement(fell).startswith("success fell over the run")
-    assert "too few evaluations (2)" in trend_statement(success_trend([(0, 0.5), (5, 0.6)]))
+    assert "2 evaluations are too few for a trend test" in trend_statement(success_trend([(0, 0.5), (5, 0.6)]))
+    # 4 points cannot reach p < 0.05 even strictly rising: no test result, and no verdict either way
+    assert "4 evaluations are too few" in trend_statement(success_trend([(i, 0.1 * i) for i in range(4)]))
+    # the demo's 5 points, up then down: not significant, and not called "stayed around its start" either
+    demo = trend_statement(success_trend([(0, 0.4), (20, 0.7), (40, 0.66), (60, 0.72), (80, 0.69)]))
+    assert demo.startswith("success 0.400 at the start -> 0.690") and "no significant trend" in demo
+    assert "stayed" not in demo
 
 
 def test_noise_cost_and_its_rule():
@@ -112,10 +119,10 @@ def test_a_run_without_signal_says_so(sft_checkpoint, tmp_path, capsys):
     assert [h.get("health/no_signal") for h in history[1:]] == [0.0, 1.0, 1.0]
     assert all(h["rollout/success_once"] == 0 and h["train/advantage_std_raw"] < 0.05 for h in history[1:])
     assert "health: no signal for 2 iterations (no success in" in log and "denser reward" in log
-    assert "summary: no significant trend in success" in log   # 0, 0, 0, 0: it stayed at its start
+    assert "summary: success 0.000 at the start -> 0.000" in log and "4 evaluations are too few" in log
     assert history[-1]["eval/trend_p"] == 1.0
     metrics = [json.loads(line) for line in (tmp_path / "nosignal" / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["health/no_signal"] == 1.0
     assert cli_main(["report", str(tmp_path / "nosignal"), "--out", str(tmp_path / "rep")]) == 0
     out = capsys.readouterr().out
-    assert "no signal: iterations 2-3" in out and "no significant trend" in out
+    assert "no signal: iterations 2-3" in out and "4 evaluations are too few" in out

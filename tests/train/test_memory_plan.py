@@ -206,3 +206,13 @@ def test_cli_plan_prints_the_table_and_checks_it_against_the_gpu(capsys, narrow_
     out = capsys.readouterr().out
     assert "| weights |" in out and "| a 80 GB GPU | 74.51 | fits |" in out
     assert GIB == 2**30
+
+
+@pytest.mark.parametrize("gb", ["nan", "inf", "0", "-8", "eighty"])
+def test_cli_plan_refuses_a_gpu_memory_that_is_no_card(gb, capsys):
+    """nan / inf / <= 0 GB would compare the plan against no card at all: a usage error naming the flag."""
+    with pytest.raises(SystemExit) as e:
+        cli_main(["train", "builtin_flow_noise", "--plan", "device=cuda", "--gpu-memory", gb])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --gpu-memory: '{gb}'" in err and "Traceback" not in err

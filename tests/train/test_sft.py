@@ -137,3 +137,35 @@ def test_idle_frames_are_pauses_of_the_arm_that_keep_the_gripper_command():
     assert mask[2].tolist() == [True, False, False]
     # a ~0 threshold drops only the frames whose arm command is exactly zero
     assert drop_idle_frames(data, 1e-9).state[:, 0].tolist() == [0, 1, 2, 3, 4, 5, 7]
+
+
+@pytest.mark.parametrize("env, asked, evaluated, says", [
+    ("builtin", None, 100, None),                              # cheap: evaluated by default
+    ("libero", None, None, "no success figure (libero evaluations are slow: give eval_episodes=N"),
+    ("libero", 3, 3, None),                                    # asked for: evaluated
+    (None, None, None, "no success figure (the dataset names no env this project runs"),
+    ("libero", 0, None, None),                                 # 0 skips it, silently
+])
+def test_sft_says_why_it_prints_no_success_figure(env, asked, evaluated, says, tmp_path, monkeypatch, capsys):
+    """sft prints its success where it evaluates; where it does not by default (LIBERO: slow; a dataset naming no
+    env) it says why and how to get one, instead of printing nothing."""
+    import json
+
+    import vla_rl.train.sft as sft_mod
+    from vla_rl.data.collect import CollectConfig, collect_dataset
+
+    demos = collect_dataset("builtin", tmp_path / "demos", CollectConfig(episodes=2, seed=0, num_envs=2))
+    info_path = demos / "meta" / "info.json"
+    info = json.loads(info_path.read_text())
+    if env is None:
+        del info["vla_rl"]
+    else:
+        info["vla_rl"] = {"env": env, "env_config": {} if env != "builtin" else info["vla_rl"]["env_config"]}
+    info_path.write_text(json.dumps(info))
+    calls = []
+    monkeypatch.setattr(sft_mod, "evaluate_sft_policy", lambda cfg, *a, **k: calls.append(cfg.eval_episodes) or {})
+    sft_mod.run_sft(demos, sft_mod.SFTRunConfig(model="tiny", steps=2, batch_size=8, warmup_steps=1, threads=1,
+                                                eval_episodes=asked, out=str(tmp_path / "sft")), progress=False)
+    assert calls == ([] if evaluated is None else [evaluated])
+    out = capsys.readouterr().out
+    assert (says in out) if says else "no success figure" not in out, out

@@ -65,8 +65,11 @@ def atomic_folder(path: str | Path) -> Iterator[Path]:
             old = path.parent / f".{path.name}.old-{os.getpid()}"
             os.replace(path, old)
         os.replace(tmp, path)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        if old is not None:   # a folder, or the plain file (or link) --overwrite replaced: rmtree alone left those
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink(missing_ok=True)
     except (OSError, SafetensorError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, FolderWriteError):

@@ -41,7 +41,7 @@ from safetensors.torch import save_file
 from vla_rl.checkpoint.folders import FORMAT_VERSION, atomic_folder
 from vla_rl.core.errors import CheckpointError
 from vla_rl.core.ranges import ConfigError
-from vla_rl.core.schema import from_dict, to_dict
+from vla_rl.core.schema import check_keys, from_dict, to_dict
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.policies.policy_config import PolicyConfig
@@ -208,6 +208,7 @@ def infer_policy_config(lr: dict, shapes: dict, overrides: dict | None = None) -
     }
     if _layers(shapes, _EX + "model.layers.") != base["depth"]:
         raise LeRobotImportError("the action expert and the PaliGemma language model have different depths")
+    check_keys(PolicyConfig, over)   # the user's own keys, named as typed (a config error, not the checkpoint's)
     cfg = merge(base, over)
     if not cfg["vision"]["num_heads"]:
         # The override is a PolicyConfig key as `vla-rl import` takes it (no `policy.` prefix).

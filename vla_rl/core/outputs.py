@@ -9,7 +9,11 @@ Every writing command (``train``, ``sft``, ``collect``, ``eval out=``, ``bench``
 - A folder that holds another kind of data (a training run, a dataset, a LeRobot checkpoint, a policy folder of
   another kind, a git checkout, a folder of runs ...: :func:`folder_kind`) is refused even with ``--overwrite``,
   naming what it is: that is never what the user meant to replace.
-- Anything else that is not empty (the command's own kind of output, or files of no known kind) is refused unless
+- A folder of no known kind that holds anything the command does not write itself (``notes.txt``, a project's
+  sources: :data:`OWN_ENTRIES`) is refused even with ``--overwrite``: ``--overwrite`` replaces the command's own
+  output, not whatever folder was named by mistake. A plain file that is not another kind of data is the one
+  thing the user named, and ``--overwrite`` replaces it.
+- Anything else that is not empty (the command's own kind of output, or the start of one) is refused unless
   ``overwrite`` (``--overwrite``); commands whose output can be continued (``bench``) or regenerated in place
   (``report``) take their own kind without it.
 
@@ -45,6 +49,11 @@ EVAL_FILE = "evaluation file"
 # dataset) counts as that kind. Not containers of regenerable outputs (a demo, bench or report folder), nor a git
 # checkout (runs/ inside the project's own checkout is the usual place for outputs).
 PRECIOUS = (RUN, CHECKPOINT, POLICY, EXPORT, LEROBOT_POLICY, DATASET, TRAJECTORIES)
+# What a command itself writes at the top of a folder output that may be found there before the folder is of its kind
+# (a run killed before its first metrics line: config.yaml alone). Outputs written aside and renamed into place
+# (policies, exports, datasets, reports) leave nothing partial, so they own nothing here.
+OWN_ENTRIES = {RUN: ("config.yaml", "metrics.jsonl", "checkpoints", "tensorboard", "videos"),
+               DEMO: ("sft", "rl")}
 BENCH_TASK_FORMAT = "vla-rl-bench-task/1"
 EVAL_FILE_FORMAT = "vla-rl-eval-episodes/2"
 EVAL_FILE_OLDER = ("vla-rl-eval-episodes/1",)   # evaluation files written before episodes were named by their seeds
@@ -191,6 +200,17 @@ def check_not_input(out: str | Path, inputs: Inputs) -> None:
                                  "the output elsewhere (refused whatever the flags, --overwrite included)")
 
 
+def check_not_working_folder(out: str | Path, elsewhere: str = "another out=") -> None:
+    """Raise :class:`OutputExistsError` if ``out`` is the folder the command runs in, or holds it (``out=.``,
+    ``out=..``): outputs are written aside and renamed into place (or cleared first with ``--overwrite``), and the
+    folder a process stands in cannot be renamed; found here, before the work, not after it."""
+    o, cwd = Path(out).resolve(), Path.cwd().resolve()
+    if o == cwd or o in cwd.parents:
+        how = "is" if o == cwd else "holds"
+        raise OutputExistsError(f"the output {out} {how} the folder this command runs in, which cannot be replaced "
+                                f"under it: write to a folder of its own with {elsewhere}")
+
+
 def check_output(path: str | Path, *, overwrite: bool, kind: str, inputs: Inputs | None = None,
                  reuse: bool = False, resumable: bool = False, elsewhere: str = "another out=") -> None:
     """Check that a command may write its output ``path`` (the policy in the module docstring).
@@ -201,6 +221,7 @@ def check_output(path: str | Path, *, overwrite: bool, kind: str, inputs: Inputs
     ``elsewhere`` says how to choose another path. Raises :class:`OutputExistsError`."""
     path = Path(path)
     check_not_input(path, inputs or {})
+    check_not_working_folder(path, elsewhere)
     if not is_taken(path):
         return
     found = folder_kind(path) if path.is_dir() else file_kind(path)
@@ -213,6 +234,15 @@ def check_output(path: str | Path, *, overwrite: bool, kind: str, inputs: Inputs
         raise OutputExistsError(f"{path} is {_a(found)}{held}, not {_a(kind)}: it is not replaced, even with "
                                 f"--overwrite; write elsewhere with {elsewhere}, or remove it yourself if it is no "
                                 "longer needed")
+    if found is None and path.is_dir():
+        strangers = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir()
+                           if p.name not in OWN_ENTRIES.get(kind, ()) and not (p.name.startswith(".") and p.is_file()))
+        if strangers:
+            more = f", ... ({len(strangers)} entries)" if len(strangers) > 4 else ""
+            raise OutputExistsError(
+                f"{path} holds {', '.join(strangers[:4])}{more}, which {_a(kind)} does not hold: it is not replaced, "
+                f"even with --overwrite (that replaces {_a(kind)}); write elsewhere with {elsewhere}, or empty it "
+                "yourself")
     if overwrite or (reuse and found == kind):
         return
     held = f"it holds {_listing(path)}" if path.is_dir() else "the file exists"

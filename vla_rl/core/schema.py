@@ -110,6 +110,21 @@ def _key(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
+def check_keys(cls: type, data: dict, *, prefix: str = "") -> None:
+    """Refuse (:class:`ConfigError`) keys of ``data`` that ``cls`` (a dataclass, nested sections followed) does not
+    have, naming them as the user wrote them: for partial settings merged into values made elsewhere (an imported
+    checkpoint's inferred config), where :func:`from_dict` on the merge would blame the wrong source."""
+    hints = get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(str(k) for k in set(data) - fields)
+    if unknown:
+        raise ConfigError(f"unknown config key(s): {', '.join(_key(prefix, k) for k in unknown)} "
+                          f"(valid: {', '.join(sorted(fields))})")
+    for name, value in data.items():
+        if dataclasses.is_dataclass(hints[name]) and isinstance(value, dict):
+            check_keys(hints[name], value, prefix=_key(prefix, name))
+
+
 def from_dict(cls: type[T], data: Any, *, prefix: str = "") -> T:
     """Build dataclass ``cls`` from the mapping ``data``; missing keys keep their defaults.
 
@@ -141,7 +156,9 @@ def from_dict(cls: type[T], data: Any, *, prefix: str = "") -> T:
             head = msg.split(" ", 1)[0].split(".", 1)[0]
             msg = f"{prefix}.{msg}" if head in fields else f"{prefix}: {msg}"
         raise ConfigError(msg) from None
-    except (TypeError, ValueError) as e:  # a field without default left out, or a check in __post_init__
+    except ValueError as e:  # a check in __post_init__: the top level's keys are the user's own (no class name)
+        raise ConfigError(f"{prefix}: {e}" if prefix else str(e)) from None
+    except TypeError as e:  # a field without default left out
         raise ConfigError(f"{prefix or cls.__name__}: {e}") from None
 
 

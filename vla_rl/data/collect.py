@@ -12,6 +12,7 @@ from vla_rl.core.outputs import DATASET, TRAJECTORIES, check_output
 from vla_rl.core.progress import progress as progress_bar
 from vla_rl.core.ranges import ConfigError, check_ranges, nonneg, ranged, setting
 from vla_rl.core.schema import to_dict
+from vla_rl.core.threads import policy_threads, threads_setting, torch_threads
 from vla_rl.data.dataset import DemoDataset
 from vla_rl.data.lerobot import write_lerobot_dataset
 from vla_rl.data.maniskill_demos import PLANNED_TASKS, collect_maniskill
@@ -53,6 +54,7 @@ class CollectConfig:
         None, 1, doc="ManiSkill: motion plans tried at most (seeds seed, seed + 1, ...) to get `episodes` good demos; "
                      "a plan that fails, or whose conversion to control_mode fails or is corrupt, is dropped and "
                      "reported. None: 3 x episodes + 10.")
+    threads: int | Literal["auto"] = threads_setting()   # how fast, not what: not recorded in info.json
 
     def __post_init__(self):
         check_ranges(self)
@@ -131,10 +133,15 @@ def collect_dataset(kind: str, out: str | Path, cfg: CollectConfig, *, overwrite
     if kind == MANISKILL:   # ManiSkill's own files of an earlier collection into OUT live beside it
         raw = Path(out).with_name(Path(out).name + ".maniskill")
         check_output(raw, overwrite=overwrite, kind=TRAJECTORIES, elsewhere="another OUT folder")
+    if kind == MANISKILL and cfg.task not in PLANNED_TASKS:
+        raise ConfigError(f"ManiSkill has no motion-planning solution for task={cfg.task!r}; it has one for: "
+                          f"{', '.join(PLANNED_TASKS)}")
+    with torch_threads(policy_threads(cfg.threads)):
+        return _collect(kind, out, cfg, settings, progress)
+
+
+def _collect(kind: str, out: str | Path, cfg: CollectConfig, settings: dict, progress: bool) -> Path:
     if kind == MANISKILL:
-        if cfg.task not in PLANNED_TASKS:
-            raise ConfigError(f"ManiSkill has no motion-planning solution for task={cfg.task!r}; it has one for: "
-                              f"{', '.join(PLANNED_TASKS)}")
         return collect_maniskill(out, task=cfg.task, episodes=cfg.episodes, seed=cfg.seed,
                                  control_mode=cfg.control_mode, obs_mode=cfg.obs_mode, image_size=cfg.image_size,
                                  max_episode_steps=cfg.max_episode_steps, max_tries=settings["max_tries"],

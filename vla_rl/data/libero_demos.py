@@ -38,6 +38,7 @@ from vla_rl.core.outputs import DATASET, check_output
 from vla_rl.core.progress import progress as progress_bar
 from vla_rl.core.ranges import check_ranges, nonneg, positive, ranged
 from vla_rl.core.schema import to_dict
+from vla_rl.core.threads import policy_threads, threads_setting, torch_threads
 from vla_rl.data.dataset import DemoDataset
 from vla_rl.data.lerobot import write_lerobot_dataset
 from vla_rl.envs.libero.expert import ExpertConfig, LiberoExpert, UnsupportedGoal, plan_goal, read_scene
@@ -73,6 +74,7 @@ class LiberoRecordConfig:
     jitter: float = nonneg(0.0)            # expert: std (m) of its seeded waypoint offsets, for varied demos
     seed: int = nonneg(0)
     fps: int = ranged(10, 1)
+    threads: int | Literal["auto"] = threads_setting()   # how fast, not what: not recorded in info.json
 
     def __post_init__(self):
         check_ranges(self)
@@ -83,6 +85,9 @@ class LiberoRecordConfig:
                                  f"must be <= {n} (init_states=sampled draws any number of placements)")
         if self.policy == "random" and self.init_states != "fixed":
             raise ValueError("the random policy records the fixed init states (init_states=fixed)")
+        # the recording's env takes its suite and task ids: a name or id that does not exist is refused here, before
+        # any simulator starts (not as a crashed worker)
+        LiberoConfig(**{k: v for k, v in self.env_config().items() if k in ("suite", "task_ids", "cameras")})
 
     @property
     def tries(self) -> int:
@@ -287,7 +292,7 @@ def recording_info(cfg: LiberoRecordConfig, report: list[dict] | None = None) ->
     # Same shape as the other envs' recordings: env name + the adapter config (LiberoConfig fields);
     # "collect": the recorder's own settings, as the built-in and ManiSkill collectors record theirs.
     out = {"env": LIBERO, "env_config": cfg.env_config(), "policy": cfg.policy, "seed": cfg.seed,
-           "collect": {"kind": LIBERO, **to_dict(cfg)}}
+           "collect": {"kind": LIBERO, **{k: v for k, v in to_dict(cfg).items() if k != "threads"}}}
     if report is not None:
         out["collect_report"] = report
     return {"vla_rl": out}
@@ -301,6 +306,7 @@ def record_libero_dataset(path: str | Path, cfg: LiberoRecordConfig | None = Non
     check_output(path, overwrite=overwrite, kind=DATASET, elsewhere="another OUT folder")
     cfg = cfg or LiberoRecordConfig()
     report: list[dict] = []
-    data = record_libero_episodes(cfg, progress=progress, log=log, report=report)
+    with torch_threads(policy_threads(cfg.threads)):
+        data = record_libero_episodes(cfg, progress=progress, log=log, report=report)
     return write_libero_layout(path, data, fps=cfg.fps, extra_info=recording_info(cfg, report),
                                cameras=cfg.cameras), report

@@ -16,12 +16,15 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from vla_rl.checkpoint.folders import atomic_folder
 from vla_rl.checkpoint.metrics_log import read_metrics
 from vla_rl.core.errors import CheckpointError
-from vla_rl.core.outputs import REPORT, check_output
+from vla_rl.core.outputs import REPORT, OutputExistsError, check_output, folder_kind
 from vla_rl.rl.health import HINTS, SIGNALS, HealthConfig, noise_cost_line, success_trend, trend_statement
 
 SUCCESS = "eval/success_once"
+FIGURES = ("success_vs_steps.png", "success_vs_time.png", "diagnostics.png")
+REPORT_FILES = ("report.md", *FIGURES)   # all a report folder holds: it is written (and replaced) whole
 DIAGNOSTICS = (  # (metric, title) of the diagnostics figure, in panel order
     ("rollout/success_once", "rollout success"),
     ("losses/approx_kl", "approx. KL"),
@@ -230,27 +233,34 @@ def plot_runs(runs: list[Run], out_dir: str | Path) -> list[Path]:
 def write_report(run_dirs: list[str | Path], out_dir: str | Path, *, names: list[str] | None = None,
                  target: float = TARGET, overwrite: bool = False) -> tuple[Path, str]:
     """Plot ``run_dirs`` and write ``report.md`` (the summary table, each run's health and trend, and the figures)
-    into ``out_dir``; returns its path and the text of the table and the health sections. ``out_dir`` may hold an
-    earlier report (its files are replaced); other files there need ``overwrite``, and another kind of data is
-    refused (:mod:`vla_rl.core.outputs`)."""
+    into ``out_dir``; returns its path and the text of the table and the health sections. The folder is written
+    aside and renamed into place (:func:`~vla_rl.checkpoint.folders.atomic_folder`): a full disk or a kill leaves
+    the earlier report whole. ``out_dir`` may hold an earlier report (replaced); files a report does not write
+    need ``overwrite``, and another kind of data is refused (:mod:`vla_rl.core.outputs`)."""
     if not run_dirs:
         raise ReportError("give at least one run folder")
     check_output(out_dir, overwrite=overwrite, kind=REPORT, reuse=True, elsewhere="another --out",
                  inputs=[("run folder", d) for d in run_dirs])
+    others = sorted(p.name for p in Path(out_dir).iterdir() if p.name not in REPORT_FILES) \
+        if folder_kind(out_dir) == REPORT else []
+    if others and not overwrite:   # the earlier report is replaced whole: what else is there would go with it
+        raise OutputExistsError(f"{out_dir} holds an earlier report and files a report does not write ({others[:4]}"
+                                f"{' ...' if len(others) > 4 else ''}): replacing the report would remove them; "
+                                "start over with `--overwrite`, or write elsewhere with another --out")
     if names is not None and len(names) != len(run_dirs):
         raise ReportError(f"{len(names)} names for {len(run_dirs)} runs")
     runs = [Run.load(d, None if names is None else names[i]) for i, d in enumerate(run_dirs)]
     dup = sorted({r.name for r in runs if sum(q.name == r.name for q in runs) > 1})
     if dup:
         raise ReportError(f"two runs are both named {dup}: name them with --names")
-    figures = plot_runs(runs, out_dir)
     table = summary_table([summarize_run(r, target) for r in runs], target)
     health = "## Training health\n\n" + "\n".join(health_text(r) for r in runs)
-    body = ["# Training report", "", "Runs: " + ", ".join(f"`{r.name}` ({d})" for r, d in zip(runs, run_dirs)), "",
-            table, health, *[f"![{p.stem}]({p.name})" for p in figures], ""]
-    path = Path(out_dir) / "report.md"
-    _replace_atomically(path, lambda tmp: tmp.write_text("\n".join(body)))
-    return path, table + "\n" + health
+    with atomic_folder(out_dir) as tmp:
+        figures = plot_runs(runs, tmp)
+        body = ["# Training report", "", "Runs: " + ", ".join(f"`{r.name}` ({d})" for r, d in zip(runs, run_dirs)),
+                "", table, health, *[f"![{p.stem}]({p.name})" for p in figures], ""]
+        (tmp / "report.md").write_text("\n".join(body))
+    return Path(out_dir) / "report.md", table + "\n" + health
 
 
 def _replace_atomically(path: Path, write) -> None:

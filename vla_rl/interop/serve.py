@@ -242,7 +242,8 @@ def run_server(path: str, cfg: ServeConfig) -> int:
     token = cfg.token if cfg.token is not None else os.environ.get(TOKEN_ENV) or None
     if token != cfg.token:
         cfg = replace(cfg, token=token)
-    device = resolve_device(cfg.device)   # `--device cuda` without CUDA: a config error, as for training
+    # `--device cuda` without CUDA: a config error, as for training (advising `--device cpu`, as serve spells it)
+    device = resolve_device(cfg.device, spelled="--device {}")
     policy = load_exported(path, device=device, dtype=cfg.dtype, compile=cfg.compile)
     if cfg.host not in LOOPBACK and cfg.token is None:
         log.warning("serving on %s without a token: anyone who can reach this port can drive the policy "

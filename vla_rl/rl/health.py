@@ -192,13 +192,16 @@ def success_trend(points: list[tuple[int, float]], *, tail: int = 3) -> Trend:
 
 
 def trend_statement(trend: Trend, alpha: float = 0.05) -> str:
-    """One sentence: whether success rose, fell or stayed, with the test's confidence."""
+    """One sentence: success at the start and the end, and whether the trend test finds it rose or fell. Where it
+    finds neither, the sentence says so and no more (a change that is not significant is not "stayed put"); where
+    even a strictly monotone run of ``trend.n`` evaluations could not reach ``alpha`` (n < 5), it says the test
+    cannot tell."""
     change = f"{trend.first:.3f} at the start -> {trend.last:.3f} (mean of the last {trend.tail} evaluations)"
-    if trend.p is None:
-        return f"success {change}; too few evaluations ({trend.n}) for a trend test"
+    if trend.p is None or mann_kendall(list(range(trend.n)))[2] >= alpha:
+        return f"success {change}; {trend.n} evaluations are too few for a trend test to reach p < {alpha:g}"
     test = f"Mann-Kendall over {trend.n} evaluations: tau {trend.tau:+.2f}, p = {trend.p:.2g}"
     if trend.p < alpha and trend.s > 0:
         return f"success rose over the run: {change}; {test}"
     if trend.p < alpha and trend.s < 0:
         return f"success fell over the run: {change}; {test}"
-    return (f"no significant trend in success (p >= {alpha:g}): it stayed around its start, {change}; {test}")
+    return f"success {change}; the evaluations show no significant trend ({test})"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -135,8 +135,10 @@ class SFTRunConfig:
     hidden_state_dims: str | int | list[int] | None = nonneg(
         None, doc='state dims the policy never sees (0 after normalising, here and in RL / eval): "9-17" hides '
                   "ManiSkill Panda's joint velocities (see NormStats)")
-    eval_episodes: int = nonneg(100, doc="evaluation episodes after training, for datasets that name their env "
-                                         "(built-in, ManiSkill); 0 skips it")
+    eval_episodes: int | None = nonneg(
+        None, doc="evaluation episodes after training, for datasets that name their env; 0 skips it. None: 100 on "
+                  "the built-in task and ManiSkill, 0 on LIBERO (robosuite evaluates ~15 episodes a minute on 2 "
+                  "cores: give a number to evaluate, or use vla-rl eval / bench later)")
     eval_num_envs: int | None = ranged(None, 1, doc="None: 100 built-in envs, 2 ManiSkill worker processes")
     eval_seed: int | None = nonneg(None, doc="None: 10_000 + seed (disjoint from the collection seeds)")
     sampler: SamplerConfig = setting(default_factory=SamplerConfig, doc="the evaluation's sampler (ODE by default)")
@@ -190,8 +192,18 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True, ov
     path = save_sft_policy(dataset, cfg, model, norm, data, env_dict)
     print(f"saved the policy to {path}")
     results: dict = {"sft_log": log, "path": str(path)}
-    if env_dict.get("kind") in ENV_KINDS and ENV_KINDS[env_dict["kind"]].sft_eval and cfg.eval_episodes > 0:
-        results["eval"] = evaluate_sft_policy(cfg, model, norm, env_dict, progress=progress)
+    kind = ENV_KINDS.get(env_dict.get("kind"))
+    episodes = cfg.eval_episodes if cfg.eval_episodes is not None else (100 if kind and kind.sft_eval else 0)
+    if kind is not None and episodes > 0:
+        results["eval"] = evaluate_sft_policy(replace(cfg, eval_episodes=episodes), model, norm, env_dict,
+                                              progress=progress)
+    elif cfg.eval_episodes is None:   # say why there is no success figure, and how to get one
+        if kind is not None:
+            print(f"no success figure ({kind.name} evaluations are slow: give eval_episodes=N to evaluate here, or "
+                  f"run `vla-rl eval {path} episodes=N` later)")
+        else:
+            print(f"no success figure (the dataset names no env this project runs: `vla-rl eval {path} "
+                  "env.kind=... episodes=N` evaluates it on one)")
     return results
 
 

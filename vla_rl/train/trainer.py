@@ -601,7 +601,8 @@ def resumed_config(saved: dict, overrides: dict, run_dir: str | Path | None = No
 
     Overrides of :data:`FIXED_ON_RESUME` keys (``init``, ``model``, ``out``) that differ from the saved values are
     refused (:class:`ConfigError`): they would do nothing, yet be recorded in the run's config.yaml as if they had.
-    ``out`` naming ``run_dir`` itself is accepted."""
+    ``out`` naming ``run_dir`` itself is accepted. So are other LoRA settings (``learner.lora``): the checkpoints
+    hold the run's own adapters."""
     for key, why in FIXED_ON_RESUME.items():
         if key not in overrides or overrides[key] == saved.get(key):
             continue
@@ -612,7 +613,14 @@ def resumed_config(saved: dict, overrides: dict, run_dir: str | Path | None = No
                           f"{key}={saved.get(key)}); drop it, or start a new run with it")
     if overrides.get("runtime") == "local" and "ray" not in overrides:
         saved = {k: v for k, v in saved.items() if k != "ray"}
-    return merge(saved, overrides)
+    merged = merge(saved, overrides)
+    # The checkpoints hold the adapters the run trains (their rank, targets and parts): other LoRA settings could not
+    # load them, and every checkpoint would look damaged.
+    before, after = (from_dict(TrainConfig, cfg).learner.lora for cfg in (saved, merged))
+    if before != after:
+        raise ConfigError(f"learner.lora cannot change on a resumed run: its checkpoints hold the adapters of "
+                          f"{to_dict(before)}; drop the override (asked for {to_dict(after)}), or start a new run")
+    return merged
 
 
 def resume_trainer(run_dir: str | Path, *, overrides: dict | None = None, log=print) -> Trainer:
