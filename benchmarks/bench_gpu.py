@@ -30,10 +30,11 @@ import torch
 
 from vla_rl.policies import flow
 from vla_rl.policies.actor import Actor, SamplerConfig
+from vla_rl.policies.architectures import make_policy
 from vla_rl.policies.inference import Denoiser, cast_weights
 from vla_rl.policies.lora import LoRAConfig, merge_lora
-from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
+from vla_rl.policies.seam import FlowVLA
 from vla_rl.presets import policy_preset
 from vla_rl.rl.algorithms import PPO, PPOConfig
 from vla_rl.rl.learner import Learner, LearnerConfig
@@ -73,21 +74,21 @@ def observations(cfg, n: int, device: torch.device, seed: int = 0) -> dict:
             "instruction": ["pick up the red cube and put it in the bowl"] * n}
 
 
-def chunk_fn(model: FlowPolicy, denoiser: Denoiser, obs: dict, noise: torch.Tensor, k: int):
+def chunk_fn(model: FlowVLA, denoiser: Denoiser, obs: dict, noise: torch.Tensor, k: int):
     def run():
         with torch.inference_mode():
             denoiser(model.encode_prefix(obs, hidden=False), noise, num_steps=k)
     return run
 
 
-def prefix_fn(model: FlowPolicy, obs: dict):
+def prefix_fn(model: FlowVLA, obs: dict):
     def run():
         with torch.inference_mode():
             model.encode_prefix(obs, hidden=False)
     return run
 
 
-def sampling_rows(model: FlowPolicy, n: int, args, device: torch.device, modes: list[str]) -> list[tuple]:
+def sampling_rows(model: FlowVLA, n: int, args, device: torch.device, modes: list[str]) -> list[tuple]:
     """(weights, loop, batch, prefix ms, chunk ms) rows: fp32 weights under autocast first, then bf16 weights."""
     cfg, k = model.cfg, args.num_steps
     obs = observations(cfg, n, device)
@@ -109,7 +110,7 @@ def sampling_rows(model: FlowPolicy, n: int, args, device: torch.device, modes: 
     return rows
 
 
-def synthetic_rollout(model: FlowPolicy, actor: Actor, n: int, method: str, k: int, device: torch.device) -> Rollout:
+def synthetic_rollout(model: FlowVLA, actor: Actor, n: int, method: str, k: int, device: torch.device) -> Rollout:
     """One chunk step of ``n`` envs (T = 1), its chain sampled by the policy itself, so PPO's ratios start at 1."""
     cfg = model.cfg
     obs = model.prepare(observations(cfg, n, device))
@@ -132,7 +133,7 @@ def synthetic_rollout(model: FlowPolicy, actor: Actor, n: int, method: str, k: i
 TRAIN = {"full": {}, "freeze_prefix": {"freeze_prefix": True}, "lora": {"lora": LoRAConfig(rank=16)}}
 
 
-def restore(model: FlowPolicy) -> None:
+def restore(model: FlowVLA) -> None:
     """Undo what a learner did to the model: LoRA adapters merged away, every parameter trainable again."""
     merge_lora(model)
     for p in model.parameters():
@@ -158,7 +159,7 @@ def planned_gib(args, method: str, parts: str, train: str, cuda: bool) -> str:
     return f"{total / GIB:.3g}"
 
 
-def one_update(model: FlowPolicy, actor: Actor, method: str, parts: str, args, device: torch.device,
+def one_update(model: FlowVLA, actor: Actor, method: str, parts: str, args, device: torch.device,
                train: str = "full") -> tuple[str, str]:
     """Update time (ms) and peak memory (GiB) of one PPO update; "out of memory" if it does not fit."""
     ro = synthetic_rollout(model, actor, args.ppo_batch, method, args.num_steps, device)
@@ -175,7 +176,7 @@ def one_update(model: FlowPolicy, actor: Actor, method: str, parts: str, args, d
     return f"{ms:.0f}", f"{peak:.1f}"
 
 
-def ppo_rows(model: FlowPolicy, args, device: torch.device) -> list[tuple]:
+def ppo_rows(model: FlowVLA, args, device: torch.device) -> list[tuple]:
     """(training, method, checkpointing, samples, update ms, peak GiB, planned GiB) rows."""
     cfg = model.cfg
     actor = Actor(model, NormStats(Stats.identity(cfg.state_dim), Stats.identity(cfg.action_dim)))
@@ -230,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = [m for m in args.modes.split(",") if m]
     torch.manual_seed(0)
     with torch.device(device):   # initialise the weights where they live (seconds for pi0 on a GPU)
-        model = FlowPolicy(policy_preset(args.model, SMOKE_MODEL if args.smoke else None)).eval()
+        model = make_policy(policy_preset(args.model, SMOKE_MODEL if args.smoke else None)).eval()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (smoke test: no meaningful numbers)"
     print(f"model={args.model} params={sum(q.numel() for q in model.parameters()) / 1e9:.2f}B K={args.num_steps} "
           f"cameras={model.cfg.num_cameras} H={model.cfg.action_horizon} A={model.cfg.action_dim} device={name} "

@@ -43,7 +43,7 @@ from vla_rl.core.errors import CheckpointError
 from vla_rl.data.collect import collect_builtin_demos
 from vla_rl.data.maniskill_demos import collect_maniskill
 from vla_rl.policies.actor import Actor
-from vla_rl.policies.model import FlowPolicy
+from vla_rl.policies.architectures import make_policy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.presets import load_preset, policy_preset
 from vla_rl.train.sft import SFTConfig, SFTRunConfig, run_sft, train_sft
@@ -96,7 +96,7 @@ def sft_policy(out: Path, task: str, seed: int, demos: int, steps: int) -> Path:
     if task == "builtin":
         data = collect_builtin_demos(demos, seed=seed)
         norm = NormStats(Stats.of(data.state), Stats.of(data.action))
-        actor = Actor(FlowPolicy(policy_preset("tiny")), norm)
+        actor = Actor(make_policy(policy_preset("tiny")), norm)
         train_sft(actor, data, SFTConfig(steps=steps, seed=seed), progress=False)
         return save_policy(path, actor.model, actor.norm, meta={"demos": demos, "sft_steps": steps, "seed": seed})
     # ManiSkill: one pool of motion-planner demos per task; each seed trains on the first `demos` of it.

@@ -170,11 +170,11 @@ def _ours_runner(dims: dict, horizon: int, action_dim: int, steps: int, path: st
     import torch
 
     from vla_rl.policies import flow
-    from vla_rl.policies.model import FlowPolicy
+    from vla_rl.policies.architectures import make_policy
     from vla_rl.presets import policy_preset
 
     torch.manual_seed(0)
-    model = FlowPolicy(policy_preset(dims["preset"], {"action_horizon": horizon, "action_dim": action_dim,
+    model = make_policy(policy_preset(dims["preset"], {"action_horizon": horizon, "action_dim": action_dim,
                                                       "state_dim": action_dim})).eval()
 
     def prepare(x: dict) -> dict:
@@ -261,8 +261,9 @@ def _split_parts(kind: str) -> _Split:
         split.wrap(mp.PaliGemmaWithExpertModel, "embed_image", "vit")
         split.wrap(mp.PI0Pytorch, "denoise_step", "steps")
     else:
-        from vla_rl.policies.model import FlowPolicy
+        from vla_rl.policies.architectures import policy_class
 
+        FlowPolicy = policy_class("pi0")   # its methods are timed: the class, not one model
         split.wrap(FlowPolicy, "_embed_images", "vit")
         split.wrap(FlowPolicy, "sampling_velocity", "steps")
     return split

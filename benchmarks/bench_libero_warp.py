@@ -61,13 +61,13 @@ def sync(device: torch.device) -> None:
 # ------------------------------------------------------------------------------------------------ speed
 def tiny_actor(num_cameras: int, image_size: int, device: torch.device):
     from vla_rl.policies.actor import Actor
-    from vla_rl.policies.model import FlowPolicy
+    from vla_rl.policies.architectures import make_policy
     from vla_rl.policies.normalize import NormStats, Stats
     from vla_rl.presets import policy_preset
 
     cfg = policy_preset("tiny", {"num_cameras": num_cameras, "action_dim": 7, "state_dim": 8,
                                  "vision": {"image_size": image_size}})
-    model = FlowPolicy(cfg).to(device).eval()
+    model = make_policy(cfg).to(device).eval()
     return Actor(model, NormStats(Stats.identity(8), Stats.identity(7)))
 
 

@@ -134,7 +134,7 @@ def policy_segment(actor, obs: dict, args):
 
 def tiny_actor(spec):
     from vla_rl.policies.actor import Actor
-    from vla_rl.policies.model import FlowPolicy
+    from vla_rl.policies.architectures import make_policy
     from vla_rl.policies.normalize import NormStats, Stats
     from vla_rl.presets import policy_preset
 
@@ -142,7 +142,7 @@ def tiny_actor(spec):
     cfg = policy_preset("tiny", {"num_cameras": 0, "state_dim": max(base.state_dim, spec.state_dim),
                                  "action_dim": max(base.action_dim, spec.action_dim)})
     torch.manual_seed(0)
-    model = FlowPolicy(cfg).eval()
+    model = make_policy(cfg).eval()
     return Actor.for_env(model, NormStats(Stats.identity(spec.state_dim), Stats.identity(spec.action_dim)), spec)
 
 

@@ -19,7 +19,7 @@ import time
 import torch
 
 from vla_rl.policies import flow
-from vla_rl.policies.model import FlowPolicy
+from vla_rl.policies.architectures import make_policy
 from vla_rl.presets import policy_preset
 
 
@@ -51,7 +51,7 @@ def main() -> None:
     device = torch.device(args.device)
     torch.manual_seed(0)
     with torch.device(device):  # initialise the weights where they live (seconds for pi0 on a GPU)
-        model = FlowPolicy(policy_preset(args.model)).eval()
+        model = make_policy(policy_preset(args.model)).eval()
     scope = contextlib.ExitStack()  # held until the process ends: every timing below runs inside it
     if args.bf16:
         scope.enter_context(torch.autocast(device.type, dtype=torch.bfloat16))

@@ -26,8 +26,9 @@ import torch
 
 from vla_rl.interop.serve import ServeConfig, ServerThread
 from vla_rl.interop.wire import pack, unpack
+from vla_rl.policies.architectures import make_policy
 from vla_rl.policies.exported import CameraSpec, ExportedPolicy, ExportSpec
-from vla_rl.policies.model import FlowPolicy, count_parameters
+from vla_rl.policies.model import count_parameters
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.presets import policy_preset
 
@@ -38,7 +39,7 @@ def build(preset: str, device: torch.device, weights: str, dtype: str) -> Export
     cfg = policy_preset(preset)
     torch.manual_seed(0)
     with torch.device(device):   # initialise where the weights live (seconds for pi0 on a GPU)
-        model = FlowPolicy(cfg).eval()
+        model = make_policy(cfg).eval()
     compute = {"auto": torch.bfloat16 if weights == "bf16" and device.type == "cuda" else torch.float32,
                "fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
     model = model.to(WEIGHTS[weights]).to(compute)   # rounded to the stored dtype, then run in the compute one

@@ -36,13 +36,13 @@ def tiny_export(folder: Path) -> Path:
 
     from vla_rl.checkpoint.policy import save_policy
     from vla_rl.interop.export import export_policy
-    from vla_rl.policies.model import FlowPolicy
+    from vla_rl.policies.architectures import make_policy
     from vla_rl.policies.normalize import NormStats, Stats
     from vla_rl.presets import policy_preset
 
     cfg = policy_preset("tiny")
     torch.manual_seed(0)
-    save_policy(folder / "policy", FlowPolicy(cfg), NormStats(Stats.identity(4), Stats.identity(2)),
+    save_policy(folder / "policy", make_policy(cfg), NormStats(Stats.identity(4), Stats.identity(2)),
                 meta={"env_config": {"kind": "builtin"}, "sft": {"execute": 4, "num_steps": 3}})
     return export_policy(folder / "policy", folder / "export", dtype="fp32")
 

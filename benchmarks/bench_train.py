@@ -21,7 +21,7 @@ import torch
 
 from vla_rl.envs.builtin import ColorReachEnv
 from vla_rl.policies.actor import Actor, SamplerConfig
-from vla_rl.policies.model import FlowPolicy
+from vla_rl.policies.architectures import make_policy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.presets import policy_preset
 from vla_rl.rl.algorithms import PPO, PPOConfig
@@ -46,7 +46,7 @@ def one_setting(args, n: int, device: torch.device) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     env = ColorReachEnv(n, device=device, seed=0)
     with torch.device(device):  # initialise the weights where they will live
-        model = FlowPolicy(policy_preset(args.model))
+        model = make_policy(policy_preset(args.model))
     norm = NormStats(Stats.identity(4), Stats.identity(2))
     actor = Actor(model, norm)
     sampler = SamplerConfig(args.num_steps, args.method)

@@ -22,8 +22,9 @@ from torch import Tensor
 
 from vla_rl.core.ranges import check_ranges, positive, ranged, setting
 from vla_rl.policies.inference import CompileMode, Denoiser
-from vla_rl.policies.model import FlowPolicy, Prefix
+from vla_rl.policies.model import Prefix
 from vla_rl.policies.normalize import NormStats, actions_from_model, actions_to_model, state_to_model
+from vla_rl.policies.seam import FlowVLA
 
 from . import flow
 
@@ -46,7 +47,7 @@ class SamplerConfig:
 
 @dataclass
 class Observation:
-    """What the actor saw of ``N`` env observations: the model's prepared inputs (:meth:`FlowPolicy.prepare`:
+    """What the actor saw of ``N`` env observations: the model's prepared inputs (:meth:`FlowVLA.prepare`:
     ``images``, ``image_mask``, normalised padded ``state``, ``tokens``, ``token_mask``; what a rollout stores and
     the learner re-encodes) and their prefix."""
 
@@ -80,7 +81,7 @@ class Actor:
     :meth:`for_env` takes all four from an env's spec. ``compile`` says how :meth:`chunk`'s denoising loop
     runs (:class:`~vla_rl.policies.inference.Denoiser`: ``none``, ``compile`` or ``cudagraph``)."""
 
-    def __init__(self, model: FlowPolicy, norm: NormStats, *, env_state_dim: int | None = None,
+    def __init__(self, model: FlowVLA, norm: NormStats, *, env_state_dim: int | None = None,
                  env_action_dim: int | None = None, action_low: float = -1.0, action_high: float = 1.0,
                  compile: CompileMode = "none"):
         cfg = model.cfg
@@ -101,7 +102,7 @@ class Actor:
         self.denoiser = Denoiser(model, compile)
 
     @classmethod
-    def for_env(cls, model: FlowPolicy, norm: NormStats, spec, *, compile: CompileMode = "none") -> Actor:
+    def for_env(cls, model: FlowVLA, norm: NormStats, spec, *, compile: CompileMode = "none") -> Actor:
         """The actor for an env with ``spec`` (an :class:`~vla_rl.envs.base.EnvSpec`): its state and action
         widths and its action bounds."""
         return cls(model, norm, env_state_dim=spec.state_dim, env_action_dim=spec.action_dim,
@@ -223,7 +224,7 @@ class Actor:
               draws: flow.SampleNoise | None = None) -> Tensor:
         """Env-unit actions ``[N, H, a]`` alone (evaluation, deployment), from ``draws`` (:meth:`draw_keyed`,
         :meth:`draw`) or else drawn from ``generator``. The ODE sampler takes the deterministic fast path
-        (:func:`flow.denoise` of :meth:`FlowPolicy.velocity_field`, its loop run as ``compile`` says: no step
+        (:func:`flow.denoise` of :meth:`FlowVLA.velocity_field`, its loop run as ``compile`` says: no step
         noise, densities, chain, std or value head, nor the prefix's unread last-layer outputs); the stochastic
         samplers need their step noise and sample as :meth:`act` does (without the value)."""
         if sampler.method != "ode":

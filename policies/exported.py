@@ -38,11 +38,12 @@ from torch import Tensor
 
 from vla_rl.core.ranges import ConfigError, setting
 from vla_rl.core.schema import from_dict, to_dict
+from vla_rl.policies.architectures import make_policy
 from vla_rl.policies.inference import CompileMode, Denoiser, cast_weights
 from vla_rl.policies.layers import resize_with_pad
-from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, actions_from_model, state_to_model
 from vla_rl.policies.policy_config import PolicyConfig
+from vla_rl.policies.seam import FlowVLA
 from vla_rl.policies.tokenizer import SentencePieceTokenizer, TokenizerError
 
 EXPORT_FORMAT = "vla-rl-export/1"
@@ -310,7 +311,7 @@ def _resize(images: Tensor, size: int, mode: str = "stretch", antialias: bool = 
 class ExportedPolicy:
     """A flow policy with its normalisation and robot interface, ready to act."""
 
-    def __init__(self, model: FlowPolicy, norm: NormStats, spec: ExportSpec, *, weight_dtype: str = "fp32",
+    def __init__(self, model: FlowVLA, norm: NormStats, spec: ExportSpec, *, weight_dtype: str = "fp32",
                  compile: CompileMode = "none"):
         check_consistency(model.cfg, spec, norm)
         self.model, self.norm, self.spec = model.eval(), norm, spec
@@ -324,7 +325,7 @@ class ExportedPolicy:
 
     @property
     def compute_dtype(self) -> str:
-        return {v: k for k, v in WEIGHT_DTYPES.items()}.get(self.model.action_in.weight.dtype, "other")
+        return {v: k for k, v in WEIGHT_DTYPES.items()}.get(self.model.dtype, "other")
 
     def observation_keys(self) -> dict[str, list[str]]:
         """Accepted observation keys: state, prompt, the optional seed, and each camera's names."""
@@ -496,7 +497,7 @@ def load_exported(path: str | Path, *, device: str | torch.device = "cpu",
     # Built on the meta device and filled with the stored tensors: no random init, and no second copy of the
     # weights in memory (a pi0-size model is ~3.3B parameters).
     with torch.device("meta"):
-        model = FlowPolicy(cfg)
+        model = make_policy(cfg)
     expected = model.state_dict()
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     if missing or unexpected:
@@ -510,7 +511,7 @@ def load_exported(path: str | Path, *, device: str | torch.device = "cpu",
             raise ExportError(f"{path}/model.safetensors: {k} contains NaN or inf")
     model.load_state_dict(state, assign=True)
     if any(t.is_meta for t in (*model.parameters(), *model.buffers())):   # a tensor the state dict does not hold
-        model = FlowPolicy(cfg)
+        model = make_policy(cfg)
         model.load_state_dict(state)
     model = cast_weights(model.to(device), "bf16" if compute == torch.bfloat16 else "fp32")
     if cfg.tokenizer == "sentencepiece":

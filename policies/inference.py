@@ -6,7 +6,7 @@ loop is executed. Configuration only: the model and the flow math are the same w
   flow-time embedding's angles (computed from positions and t, never from weights), the Euler iterate ``x``
   and every velocity (the velocity head's output is cast to float32 before the step).
 - ``compile``: how the denoising loop runs (:class:`Denoiser`):
-    ``none``       eagerly, :func:`flow.denoise` of :meth:`FlowPolicy.velocity_field` (the reference);
+    ``none``       eagerly, :func:`flow.denoise` of :meth:`FlowVLA.velocity_field` (the reference);
     ``compile``    the K expert passes and Euler steps as one ``torch.compile`` region (static shapes: a new
                    batch size or prefix length compiles again);
     ``cudagraph``  the K steps captured once per shape as a CUDA graph over static input buffers (the
@@ -27,7 +27,8 @@ import torch
 from torch import Tensor
 
 from vla_rl.policies.layers import RMSNorm
-from vla_rl.policies.model import ExpertContext, FlowPolicy, Prefix
+from vla_rl.policies.model import ExpertContext, Prefix
+from vla_rl.policies.seam import FlowVLA
 
 from . import flow
 
@@ -37,7 +38,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 COMPILE_MODES = ("none", "compile", "cudagraph")
 
 
-def cast_weights(model: FlowPolicy, dtype: WeightDtype) -> FlowPolicy:
+def cast_weights(model: FlowVLA, dtype: WeightDtype) -> FlowVLA:
     """Cast ``model``'s floating-point parameters and buffers to ``dtype`` in place (and return it), keeping
     the RMSNorm scales in float32: the norm reads them in float32 anyway, and Gemma's scales ``1 + w`` lose
     their low bits in bf16 for the cost of a few kilobytes. ``fp32`` casts every tensor back to float32
@@ -56,9 +57,9 @@ def cast_weights(model: FlowPolicy, dtype: WeightDtype) -> FlowPolicy:
     return model
 
 
-def weight_dtype(model: FlowPolicy) -> str:
+def weight_dtype(model: FlowVLA) -> str:
     """``fp32`` / ``bf16``: the dtype of the model's linear weights (``other`` for anything else)."""
-    return {v: k for k, v in DTYPES.items()}.get(model.action_in.weight.dtype, "other")
+    return {v: k for k, v in DTYPES.items()}.get(model.dtype, "other")
 
 
 _WARNED: set[str] = set()
@@ -70,9 +71,9 @@ def _warn_once(message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def euler_steps(model: FlowPolicy, prefix: Prefix, ctx: ExpertContext, x: Tensor, grid: Tensor) -> Tensor:
+def euler_steps(model: FlowVLA, prefix: Prefix, ctx: ExpertContext, x: Tensor, grid: Tensor) -> Tensor:
     """The ODE sampler's K Euler steps from ``x`` ``[N, H, A]`` (float32, t = 1) over ``grid`` ``[K+1]``: the
-    operations of :func:`flow.denoise` on :meth:`FlowPolicy.velocity_field`, without its input checks (a
+    operations of :func:`flow.denoise` on :meth:`FlowVLA.velocity_field`, without its input checks (a
     check that reads a tensor's value synchronises, which a CUDA graph cannot capture)."""
     n = x.shape[0]
     for k in range(grid.shape[0] - 1):
@@ -84,7 +85,7 @@ def euler_steps(model: FlowPolicy, prefix: Prefix, ctx: ExpertContext, x: Tensor
 class _Graph:
     """One captured CUDA graph of :func:`euler_steps` and the static tensors it reads and writes."""
 
-    def __init__(self, model: FlowPolicy, prefix: Prefix, noise: Tensor, num_steps: int):
+    def __init__(self, model: FlowVLA, prefix: Prefix, noise: Tensor, num_steps: int):
         self.prefix = Prefix([k.clone() for k in prefix.keys], [v.clone() for v in prefix.values],
                              prefix.mask.clone(), None,
                              None if prefix.state_token is None else prefix.state_token.clone())
@@ -101,7 +102,7 @@ class _Graph:
         with torch.cuda.graph(self.graph):
             self.out = euler_steps(model, self.prefix, self.ctx, self.x, self.grid)
 
-    def __call__(self, model: FlowPolicy, prefix: Prefix, noise: Tensor) -> Tensor:
+    def __call__(self, model: FlowVLA, prefix: Prefix, noise: Tensor) -> Tensor:
         p = prefix.mask.shape[1]
         fresh = model.sampling_context(prefix, buffers=False)
         for static, new in zip(self.ctx.rope, fresh.rope):
@@ -119,10 +120,10 @@ class _Graph:
 
 class Denoiser:
     """The ODE sampler's actions ``[N, H, A]`` from a prefix and initial noise, the loop run as ``mode`` says
-    (module doc). ``mode="none"`` is :func:`flow.denoise` of :meth:`FlowPolicy.velocity_field` itself; the
+    (module doc). ``mode="none"`` is :func:`flow.denoise` of :meth:`FlowVLA.velocity_field` itself; the
     other modes compute the same operations (tests/test_gpu_path.py)."""
 
-    def __init__(self, model: FlowPolicy, mode: CompileMode = "none", *, max_graphs: int = 4):
+    def __init__(self, model: FlowVLA, mode: CompileMode = "none", *, max_graphs: int = 4):
         if mode not in COMPILE_MODES:
             raise ValueError(f"compile must be one of {list(COMPILE_MODES)}, got {mode!r}")
         if max_graphs < 1:
@@ -144,7 +145,7 @@ class Denoiser:
                        "torch.inference_mode); the denoising loop runs eagerly")
             return self.eager(prefix, noise, num_steps)
         flow._check_chunk("noise", noise)   # the checks flow.denoise makes, once per chunk, outside the loop
-        key = (tuple(noise.shape), prefix.mask.shape[1], self.model.action_in.weight.dtype, noise.device, num_steps,
+        key = (tuple(noise.shape), prefix.mask.shape[1], self.model.dtype, noise.device, num_steps,
                torch.is_inference_mode_enabled())
         if self.mode == "cudagraph":
             return self._graphed(key, prefix, noise, num_steps)

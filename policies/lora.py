@@ -105,13 +105,12 @@ class LoRALinear(nn.Linear):
 
 
 def _part_modules(model: nn.Module, part: str) -> list[nn.Module]:
-    if part == "prefix":
-        return [*model.vision_blocks, *model.prefix_layers]
-    return list(model.expert_layers)
+    """The blocks of ``part`` (the model's :meth:`~vla_rl.policies.seam.FlowVLA.layer_groups`), in order."""
+    return [block for group in model.layer_groups() if group.part == part for block in group.modules]
 
 
 def apply_lora(model: nn.Module, cfg: LoRAConfig, *, seed: int = 0) -> list[str]:
-    """Replace ``cfg.targets`` linear layers of ``cfg.parts`` of ``model`` (a FlowPolicy) by :class:`LoRALinear`
+    """Replace ``cfg.targets`` linear layers of ``cfg.parts`` of ``model`` (a FlowVLA) by :class:`LoRALinear`
     in place; returns the adapted layers' names. Idempotent: layers already adapted are left as they are. The
     adapters' ``A`` come from a generator seeded with ``seed`` (the global RNG is not touched)."""
     if not cfg.enabled:
@@ -157,8 +156,9 @@ def frozen_by_lora(model: nn.Module, cfg: LoRAConfig) -> list[str]:
     out = []
     if "prefix" in cfg.parts:
         out += [n for n in groups["prefix"] if not is_adapter(n)]
-    if "expert" in cfg.parts:
-        out += [n for n in groups["expert"] if n.startswith("expert_layers.") and not is_adapter(n)]
+    if "expert" in cfg.parts:   # the expert's layers (its embeddings and heads stay trained)
+        layers = {id(p) for block in _part_modules(model, "expert") for p in block.parameters()}
+        out += [n for n, p in groups["expert"].items() if id(p) in layers and not is_adapter(n)]
     return out
 
 

@@ -42,6 +42,7 @@ from vla_rl.policies.layers import (
     sincos_time_embedding,
 )
 from vla_rl.policies.policy_config import PolicyConfig
+from vla_rl.policies.seam import LayerGroup
 from vla_rl.policies.tokenizer import SentencePieceTokenizer, discretize_state, pi0_prompt, pi05_prompt, tokenize
 
 
@@ -96,7 +97,14 @@ class ExpertContext:
     values: list[Tensor] | None = None
 
 
+STREAM_METHODS = ("project", "keys_values", "finish")   # a stream layer's halves around the joint attention
+
+
 class FlowPolicy(nn.Module):
+    """π0 / π0.5 (``policy.arch``: ``pi0``, ``pi05``): a :class:`~vla_rl.policies.seam.FlowVLA`."""
+
+    FORWARD_METHODS = ("encode_prefix", "expert", "value")
+
     def __init__(self, cfg: PolicyConfig):
         super().__init__()
         self.cfg = cfg
@@ -151,6 +159,10 @@ class FlowPolicy(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.action_in.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.action_in.weight.dtype
 
     def set_tokenizer(self, tokenizer: SentencePieceTokenizer | None) -> None:
         """Attach the SentencePiece tokenizer a ``tokenizer: sentencepiece`` policy encodes prompts with."""
@@ -514,6 +526,27 @@ class FlowPolicy(nn.Module):
             part = "prefix" if top in prefix else "value" if top in self.VALUE_MODULES else "expert"
             groups[part][name] = p
         return groups
+
+    def layer_groups(self) -> list[LayerGroup]:
+        """The vision blocks and the prefix layers (part ``prefix``), the expert layers (part ``expert``)."""
+        return [LayerGroup("prefix", tuple(self.vision_blocks)),
+                LayerGroup("prefix", tuple(self.prefix_layers), STREAM_METHODS),
+                LayerGroup("expert", tuple(self.expert_layers), STREAM_METHODS)]
+
+    def idle_parameters(self, *, noise_head: bool) -> set[str]:
+        """With an expert-sourced value head, the last prefix layer's query, attention output and MLP and the
+        prefix's final norm (only the last layer's keys and values feed the expert); without ``noise_head``, the
+        Flow-Noise std head."""
+        names = [n for n, _ in self.named_parameters()]
+        out = set()
+        if self.cfg.value_source == "expert":
+            last = f"prefix_layers.{self.cfg.depth - 1}."
+            feeds = tuple(last + part for part in ("input_norm.", "k_proj.", "v_proj."))
+            out |= {n for n in names if (n.startswith(last) and not n.startswith(feeds)) or
+                    n.startswith("prefix_norm.")}
+        if not noise_head:
+            out |= {n for n in names if n.startswith("noise_head.")}
+        return out
 
     def field(self, prefix: Prefix):
         """Adapter to the flow-math protocol: ``f(x_t, t) -> (velocity, noise_std)``."""

@@ -38,11 +38,17 @@ class StreamConfig:
         check_ranges(self)
 
 
+ARCHS = ("pi0", "pi05", "smolvla")
+
+
 @dataclass(frozen=True)
 class PolicyConfig:
-    """π0-style policy. Prefix backbone and action expert share depth, heads and head size (joint
-    attention, layer by layer), but have their own widths, as in π0 (Gemma 2B + 300M expert)."""
+    """A flow-VLA's settings. π0-style: the prefix backbone and the action expert share depth, heads and head size
+    (joint attention, layer by layer), but have their own widths, as in π0 (Gemma 2B + 300M expert)."""
 
+    arch: Literal["pi0", "pi05", "smolvla"] = setting(
+        "pi0", doc="the architecture (vla_rl.policies.architectures): pi0 and pi05 are one model class whose "
+                   "options below cover both; smolvla is SmolVLA")
     vision: VisionConfig = field(default_factory=VisionConfig)
     prefix: StreamConfig = field(default_factory=StreamConfig)
     expert: StreamConfig = field(default_factory=StreamConfig)
@@ -100,6 +106,13 @@ class PolicyConfig:
     value_hidden: int = ranged(64, 1, doc="hidden width of the value head")
     noise_std_min: float = positive(0.08, doc="Flow-Noise: the learned noise std's lower bound")
     noise_std_max: float = positive(0.16, doc="Flow-Noise: the learned noise std's upper bound")
+
+    @staticmethod
+    def upgrade(data: dict) -> dict:
+        """A policy folder written before ``arch`` existed: π0.5 if it has π0.5's time conditioning, else π0."""
+        if isinstance(data, dict) and "arch" not in data:
+            return {"arch": "pi05" if data.get("time_conditioning") == "adarms" else "pi0", **data}
+        return data
 
     def __post_init__(self):
         check_ranges(self)

@@ -6,12 +6,14 @@ minibatch of 64 fits one GPU. With checkpointing a layer keeps its inputs only a
 during the backward pass: about one more forward pass of the checkpointed layers, for activations that no
 longer grow with the MLP's width.
 
-Parts: ``prefix`` (the vision blocks and the prefix backbone's layers), ``expert`` (the action expert's layers;
-with Flow-Noise the expert runs K times per sample, so its activations grow with K) or ``all``. The joint
-attention splits each stream layer into :meth:`~vla_rl.policies.layers.StreamLayer.project` and
-:meth:`~vla_rl.policies.layers.StreamLayer.finish`; each half is checkpointed on its own (the attention between
-them keeps its inputs). Outside autograd (sampling) the layers run as they are. Recomputation repeats the same
-operations on the same inputs, so values and gradients are those of the plain model (tests/test_gpu_path.py).
+Parts: ``prefix`` (the blocks of the model's prefix layer groups: π0's vision blocks and prefix backbone layers),
+``expert`` (the action expert's layers; with Flow-Noise the expert runs K times per sample, so its activations grow
+with K) or ``all``. Each block's methods named by its :class:`~vla_rl.policies.seam.LayerGroup` are checkpointed on
+their own: π0's joint attention splits each stream layer into
+:meth:`~vla_rl.policies.layers.StreamLayer.project` and :meth:`~vla_rl.policies.layers.StreamLayer.finish` (the
+attention between them keeps its inputs). Outside autograd (sampling) the layers run as they are. Recomputation
+repeats the same operations on the same inputs, so values and gradients are those of the plain model
+(tests/test_gpu_path.py).
 """
 
 from __future__ import annotations
@@ -25,11 +27,10 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from vla_rl.policies.model import FlowPolicy
+from vla_rl.policies.seam import FlowVLA
 
 Parts = Literal["none", "prefix", "expert", "all"]
 PARTS = ("none", "prefix", "expert", "all")
-_STREAM_METHODS = ("project", "keys_values", "finish")
 
 
 def _recomputed(module: nn.Module, name: str):
@@ -44,19 +45,15 @@ def _recomputed(module: nn.Module, name: str):
     return run
 
 
-def _targets(model: FlowPolicy, parts: str) -> list[tuple[nn.Module, tuple[str, ...]]]:
+def _targets(model: FlowVLA, parts: str) -> list[tuple[nn.Module, tuple[str, ...]]]:
     if parts not in PARTS:
         raise ValueError(f"activation checkpointing parts must be one of {list(PARTS)}, got {parts!r}")
-    out: list[tuple[nn.Module, tuple[str, ...]]] = []
-    if parts in ("prefix", "all"):
-        out += [(block, ("forward",)) for block in model.vision_blocks]
-        out += [(layer, _STREAM_METHODS) for layer in model.prefix_layers]
-    if parts in ("expert", "all"):
-        out += [(layer, _STREAM_METHODS) for layer in model.expert_layers]
-    return out
+    wanted = {"none": (), "prefix": ("prefix",), "expert": ("expert",), "all": ("prefix", "expert")}[parts]
+    return [(block, group.methods) for group in model.layer_groups() if group.part in wanted
+            for block in group.modules]
 
 
-def checkpoint_layers(model: FlowPolicy, parts: Parts) -> Callable[[], None]:
+def checkpoint_layers(model: FlowVLA, parts: Parts) -> Callable[[], None]:
     """Make the layers of ``parts`` of ``model`` recompute their activations in the backward pass, until the
     returned function is called (which restores them). A sharded learner keeps them on for its whole life, so
     that FSDP's hooks wrap the recomputed methods (vla_rl/distributed/fsdp.py)."""
@@ -76,7 +73,7 @@ def checkpoint_layers(model: FlowPolicy, parts: Parts) -> Callable[[], None]:
 
 
 @contextlib.contextmanager
-def activation_checkpointing(model: FlowPolicy, parts: Parts) -> Iterator[FlowPolicy]:
+def activation_checkpointing(model: FlowVLA, parts: Parts) -> Iterator[FlowVLA]:
     """Within the block, the layers of ``parts`` of ``model`` recompute their activations in the backward pass
     (``none``: nothing changes). The model is restored when the block ends, so nothing of it is saved,
     copied or sent elsewhere (checkpoints, Ray actors) while it is on."""

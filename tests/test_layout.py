@@ -10,6 +10,7 @@ inside functions count too: a lazy import that closes a circle is still a circle
 from __future__ import annotations
 
 import ast
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -245,3 +246,41 @@ def test_no_env_kind_is_named_outside_envs():
             if isinstance(node, ast.Constant) and node.value in KINDS:
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}")
     assert not found, "env kinds named outside envs/:\n" + "\n".join(found)
+
+
+def _internal_attributes(cls: type) -> set[str]:
+    """What an architecture's ``__init__`` assigns to ``self`` (its layers, heads, embeddings) beyond the
+    :class:`~vla_rl.policies.seam.FlowVLA` protocol's own members."""
+    import inspect
+
+    from vla_rl.policies.seam import FlowVLA
+
+    protocol = {n for n in dir(FlowVLA) if not n.startswith("__")} | set(FlowVLA.__annotations__)
+    init = ast.parse(textwrap.dedent(inspect.getsource(cls.__init__)))
+    assigned = {t.attr for node in ast.walk(init) if isinstance(node, ast.Assign) for t in node.targets
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+    return assigned - protocol
+
+
+def test_the_policy_seam_is_the_only_door_to_a_model():
+    """Outside policies/, no module builds a model class (make_policy does, from policy.arch) or reads a model's
+    layers by attribute (LoRA, recompute, FSDP and the memory plan go through layer_groups()), so a new
+    architecture plugs in through vla_rl/policies/architectures.py. Benchmarks and scripts are held to it too."""
+    from vla_rl.policies.architectures import ARCHITECTURES, policy_class
+
+    classes = {policy_class(arch) for arch in ARCHITECTURES}
+    names = {cls.__name__ for cls in classes}
+    internals = set().union(*(_internal_attributes(cls) for cls in classes))
+    assert {"vision_blocks", "prefix_layers", "expert_layers", "action_in"} <= internals   # the rule sees them
+    files = [(n, p) for n, p in module_files().items() if not n.startswith("vla_rl.policies")]
+    files += [(p.stem, p) for folder in ("benchmarks", "scripts") for p in (ROOT / folder).rglob("*.py")]
+    found = []
+    for _, path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} builds {node.func.id}")
+            if isinstance(node, ast.ImportFrom) and any(a.name in names for a in node.names):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports a model class")
+            if isinstance(node, ast.Attribute) and node.attr in internals:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} reads .{node.attr}")
+    assert not found, "model internals used outside policies/:\n" + "\n".join(found)

@@ -42,9 +42,10 @@ from vla_rl.checkpoint.folders import FORMAT_VERSION, atomic_folder
 from vla_rl.core.errors import CheckpointError
 from vla_rl.core.ranges import ConfigError
 from vla_rl.core.schema import check_keys, from_dict, to_dict
-from vla_rl.policies.model import FlowPolicy
+from vla_rl.policies.architectures import make_policy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.policies.policy_config import PolicyConfig
+from vla_rl.policies.seam import FlowVLA
 from vla_rl.policies.tokenizer import SentencePieceTokenizer, TokenizerError
 from vla_rl.presets import merge
 
@@ -188,6 +189,7 @@ def infer_policy_config(lr: dict, shapes: dict, overrides: dict | None = None) -
     action_in = _shape(shapes, "model.action_in_proj.weight")
     state_dim = _shape(shapes, "model.state_proj.weight")[1] if not pi05 else int(lr.get("max_state_dim", 32))
     base = {
+        "arch": "pi05" if pi05 else "pi0",
         "vision": {"image_size": grid * patch_size, "patch_size": patch_size, "width": vis_width,
                    "depth": _layers(shapes, _VIS + "encoder.layers."),
                    "num_heads": SIGLIP_HEADS.get(vis_width, 0),
@@ -301,7 +303,7 @@ def check_names(cfg: PolicyConfig, weights: LazyWeights) -> dict[str, tuple[str,
     Raises :class:`LeRobotImportError` listing what is unknown, missing or misshapen."""
     sources = weight_sources(cfg, weights.shapes)
     with torch.device("meta"):
-        expected = FlowPolicy(cfg).state_dict()
+        expected = make_policy(cfg).state_dict()
     if set(sources) - set(expected):   # a mapping bug, not the user's
         raise AssertionError(f"mapped names that the model does not have: {sorted(set(sources) - set(expected))}")
     used = {n for names in sources.values() for n in names}
@@ -524,7 +526,7 @@ def _notes(cfg: PolicyConfig) -> list[str]:
 
 
 def load_lerobot(src: str | Path, *, tokenizer: str | Path | None = None, overrides: dict | None = None,
-                 device="cpu", dtype: torch.dtype = torch.float32) -> tuple[FlowPolicy, NormStats, dict]:
+                 device="cpu", dtype: torch.dtype = torch.float32) -> tuple[FlowVLA, NormStats, dict]:
     """A LeRobot π0 / π0.5 folder as (model in eval mode, normalisation, a config dict like ``config.yaml``'s).
 
     The model is built on the meta device and takes the converted tensors as they are read, so memory holds
@@ -535,7 +537,7 @@ def load_lerobot(src: str | Path, *, tokenizer: str | Path | None = None, overri
     tok_path = find_tokenizer(src, tokenizer)
     tok = load_tokenizer(tok_path, cfg) if tok_path else None
     with torch.device("meta"):
-        model = FlowPolicy(cfg)
+        model = make_policy(cfg)
     state = dict(convert_weights(cfg, weights, dtype))
     model.load_state_dict(state, assign=True, strict=True)
     del state

@@ -22,13 +22,14 @@ from vla_rl.core.errors import CheckpointError
 from vla_rl.core.ranges import ConfigError
 from vla_rl.core.schema import from_dict, to_dict
 from vla_rl.policies import lora
-from vla_rl.policies.model import FlowPolicy
+from vla_rl.policies.architectures import make_policy
 from vla_rl.policies.normalize import NormStats
 from vla_rl.policies.policy_config import PolicyConfig
+from vla_rl.policies.seam import FlowVLA
 from vla_rl.policies.tokenizer import SentencePieceTokenizer, TokenizerError
 
 
-def policy_files(model: FlowPolicy, norm: NormStats, meta: dict | None = None) -> tuple[dict, dict]:
+def policy_files(model: FlowVLA, norm: NormStats, meta: dict | None = None) -> tuple[dict, dict]:
     """The tensors and YAML files of a policy folder (a training checkpoint adds its own to these). A model with
     LoRA adapters keeps its base weights in ``model.safetensors`` (the keys of the plain policy) and the adapters
     in ``adapters.safetensors``, described by ``config.yaml``'s ``lora`` entry; loading merges them."""
@@ -51,13 +52,13 @@ def policy_files(model: FlowPolicy, norm: NormStats, meta: dict | None = None) -
     return tensors, {"config": config}
 
 
-def save_policy(path: str | Path, model: FlowPolicy, norm: NormStats, *, meta: dict | None = None) -> Path:
+def save_policy(path: str | Path, model: FlowVLA, norm: NormStats, *, meta: dict | None = None) -> Path:
     """Save a policy folder; ``meta`` (env dims, sampler, ...) goes into ``config.yaml``."""
     tensors, yamls = policy_files(model, norm, meta)
     return write_atomic_folder(path, tensors=tensors, yamls=yamls)
 
 
-def load_policy(path: str | Path, device="cpu") -> tuple[FlowPolicy, NormStats, dict]:
+def load_policy(path: str | Path, device="cpu") -> tuple[FlowVLA, NormStats, dict]:
     """Load a policy folder -> (model in eval mode, normalisation, the whole config.yaml).
 
     The model is built on the meta device and takes the stored tensors (as float32) one by one: one copy of the
@@ -82,7 +83,7 @@ def load_policy(path: str | Path, device="cpu") -> tuple[FlowPolicy, NormStats, 
     except (ConfigError, KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{path}/config.yaml: {e}") from None
     with torch.device("meta"):
-        model = FlowPolicy(cfg)
+        model = make_policy(cfg)
     expected = model.state_dict()
     state = read_tensors_lazily(path / "model.safetensors", expected)
     if config.get("lora") is not None:   # LoRA adapters: folded into the weights they adapt
@@ -120,7 +121,7 @@ def merge_adapters(path: Path, config: dict, state: dict[str, torch.Tensor]) -> 
         raise CheckpointError(f"{path}/adapters.safetensors: {e}") from None
 
 
-def load_any_policy(path: str | Path, device="cpu") -> tuple[FlowPolicy, NormStats, dict]:
+def load_any_policy(path: str | Path, device="cpu") -> tuple[FlowVLA, NormStats, dict]:
     """:func:`load_policy` of one of our policy folders, or :func:`load_lerobot` of a LeRobot
     π0 / π0.5 folder (imported on the fly; its tokenizer found next to it or in the Hugging Face cache)."""
     if is_lerobot_folder(path):

@@ -30,9 +30,6 @@ from vla_rl.policies.recompute import checkpoint_layers
 from vla_rl.rl.learner import Learner
 from vla_rl.rl.optim import LeanAdamW
 
-ROOT_METHODS = ("encode_prefix", "expert", "value")
-LAYER_METHODS = ("project", "keys_values", "finish")
-
 
 def is_sharded(t) -> bool:
     return hasattr(t, "full_tensor")
@@ -44,22 +41,23 @@ def full(t: Tensor) -> Tensor:
 
 
 def shard_policy(model: torch.nn.Module, mesh, *, recompute: str = "none") -> None:
-    """``fully_shard`` ``model`` (a FlowPolicy) in place over ``mesh``, with the layers of ``recompute``
-    checkpointed inside FSDP's hooks."""
+    """``fully_shard`` ``model`` (a FlowVLA) in place over ``mesh``: each block of its layer groups a unit (their
+    methods registered as forward methods), the root another (around ``model.FORWARD_METHODS``), with the layers of
+    ``recompute`` checkpointed inside FSDP's hooks."""
     from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
 
     # FSDP warns of every view a wrapped method returns (q, k, v are transposed views): an in-place op on one would
     # bypass its backward hook. The model writes in place only without autograd (policies/layers.py: residual).
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     checkpoint_layers(model, recompute)
-    for block in model.vision_blocks:
-        fully_shard(block, mesh=mesh)
-    for layer in (*model.prefix_layers, *model.expert_layers):
-        fully_shard(layer, mesh=mesh)
-        for name in LAYER_METHODS:
-            register_fsdp_forward_method(layer, name)
+    for group in model.layer_groups():
+        for block in group.modules:
+            fully_shard(block, mesh=mesh)
+            for name in group.methods:
+                if name != "forward":
+                    register_fsdp_forward_method(block, name)
     fully_shard(model, mesh=mesh)
-    for name in ROOT_METHODS:
+    for name in model.FORWARD_METHODS:
         register_fsdp_forward_method(model, name)
     for module in model.modules():
         if isinstance(module, FSDPModule):   # sum the shares' gradients, as the replicated learners do

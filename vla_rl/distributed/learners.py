@@ -26,8 +26,8 @@ from torch import Tensor
 from vla_rl.distributed.fsdp import full_optimizer_state, full_weights, metrics_sync, shard_learner
 from vla_rl.distributed.gradsync import sum_over_learners
 from vla_rl.policies.actor import Actor
+from vla_rl.policies.architectures import make_policy
 from vla_rl.policies.lora import apply_lora
-from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats
 from vla_rl.policies.policy_config import PolicyConfig
 from vla_rl.rl.algorithms.seam import Algorithm
@@ -114,7 +114,7 @@ class LearnerWorker:
         torch.set_num_threads(threads)
         self.rank, self.world, self.sharded = rank, world, sharded
         self.device = torch.device(device)
-        model = FlowPolicy(spec.policy)
+        model = make_policy(spec.policy)
         apply_lora(model, spec.learner.lora)   # the trainer's learner sends its adapters with the weights
         model.load_state_dict(spec.weights)
         # a sharded learner's whole model stays on the CPU: sharding moves each learner's shards to its device

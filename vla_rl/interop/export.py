@@ -32,6 +32,7 @@ from vla_rl.core.ranges import ConfigError
 from vla_rl.core.schema import from_dict, to_dict
 from vla_rl.envs.registry import BUILTIN, ENV_KINDS, EnvConfig
 from vla_rl.policies import lora
+from vla_rl.policies.architectures import make_policy
 from vla_rl.policies.exported import (
     EXPORT_FORMAT,
     WEIGHT_DTYPES,
@@ -39,7 +40,6 @@ from vla_rl.policies.exported import (
     ExportSpec,
     check_consistency,
 )
-from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats
 from vla_rl.policies.policy_config import PolicyConfig
 from vla_rl.presets import merge
@@ -169,7 +169,7 @@ def _read_weights(path: Path, cfg: PolicyConfig, dtype: str,
     lora_tensors, scaling = adapters or ({}, 1.0)
     adapted = {k.rsplit(".", 1)[0] + ".weight" for k in lora_tensors}
     with torch.device("meta"):
-        expected = FlowPolicy(cfg).state_dict()
+        expected = make_policy(cfg).state_dict()
     if not path.is_file():
         raise CheckpointError(f"checkpoint file missing: {path}")
     try:
@@ -301,7 +301,7 @@ Files: model.safetensors, norm_stats.safetensors, config.json (model), spec.json
 
 def _meta_state(cfg: PolicyConfig) -> dict[str, torch.Tensor]:
     with torch.device("meta"):
-        return FlowPolicy(cfg).state_dict()
+        return make_policy(cfg).state_dict()
 
 
 def export_nbytes(cfg: PolicyConfig, dtype: str) -> int:

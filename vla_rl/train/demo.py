@@ -30,7 +30,8 @@ from vla_rl.envs.registry import BUILTIN
 from vla_rl.eval.evaluate import evaluate
 from vla_rl.policies import flow
 from vla_rl.policies.actor import Actor, SamplerConfig
-from vla_rl.policies.model import FlowPolicy, count_parameters
+from vla_rl.policies.architectures import make_policy
+from vla_rl.policies.model import count_parameters
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.presets import load_preset, merge, policy_preset
 from vla_rl.train.sft import SFTConfig, loss_summary, train_sft
@@ -117,7 +118,7 @@ def train_demo_sft(cfg: DemoConfig, *, progress: bool = True) -> tuple[Actor, Pa
     print(f"collected {data.num_episodes} expert demos ({len(data)} frames) of the built-in ColorReach task")
     spec = ColorReachEnv(1, config=cfg.env).spec
     norm = NormStats(Stats.of(data.state), Stats.of(data.action))
-    model = FlowPolicy(policy_preset(cfg.model))
+    model = make_policy(policy_preset(cfg.model))
     actor = Actor.for_env(model, norm, spec)
     print(f"policy '{cfg.model}': {count_parameters(model) / 1e6:.2f}M parameters; SFT for {cfg.sft.steps} steps")
     log = train_sft(actor, data, cfg.sft, progress=progress)

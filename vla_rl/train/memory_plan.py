@@ -34,8 +34,8 @@ from vla_rl.core.schema import from_dict
 from vla_rl.distributed.ray_config import RayConfig
 from vla_rl.policies import flow
 from vla_rl.policies.actor import Actor
+from vla_rl.policies.architectures import make_policy
 from vla_rl.policies.inference import cast_weights
-from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.policies.policy_config import PolicyConfig
 from vla_rl.policies.recompute import activation_checkpointing
@@ -215,7 +215,7 @@ def meta_learner(policy_cfg, learner_cfg, algorithm_cfg):
     """The learner a run with policy ``policy_cfg``, ``learner`` and ``algorithm`` settings builds, on the meta device
     (no memory): its model with LoRA adapters, its trained set and dtypes, its optimizer, its algorithm."""
     with torch.device("meta"):
-        model = FlowPolicy(policy_cfg)
+        model = make_policy(policy_cfg)
     norm = NormStats(Stats.identity(policy_cfg.state_dim), Stats.identity(policy_cfg.action_dim))
     return Learner(Actor(model, norm), learner_cfg, make_algorithm(algorithm_cfg))
 
@@ -232,18 +232,10 @@ def _policy_config(train_cfg):
 
 
 def without_gradients(model, method: str) -> set[str]:
-    """Trained parameters the update's loss never reaches, so they get no gradient and no optimizer state: with an
-    expert-sourced value head, the last prefix layer's query, attention output, MLP and the prefix's final norm
-    (only the last layer's keys and values feed the expert); with mixed Flow-SDE, the Flow-Noise std head."""
-    names = [n for n, _ in model.named_parameters()]
-    out = set()
-    if model.cfg.value_source == "expert":
-        last = f"prefix_layers.{model.cfg.depth - 1}."
-        feeds = tuple(last + part for part in ("input_norm.", "k_proj.", "v_proj."))
-        out |= {n for n in names if (n.startswith(last) and not n.startswith(feeds)) or n.startswith("prefix_norm.")}
-    if method != "noise":
-        out |= {n for n in names if n.startswith("noise_head.")}
-    return out
+    """Trained parameters the update's loss never reaches, so they get no gradient and no optimizer state (the
+    model's :meth:`~vla_rl.policies.seam.FlowVLA.idle_parameters`; the Flow-Noise std head unless ``method`` is
+    ``noise``)."""
+    return model.idle_parameters(noise_head=method == "noise")
 
 
 def static_bytes(learner, *, learners: int = 1, sharded: bool = False, method: str = "noise") -> dict[str, int]:
@@ -273,7 +265,7 @@ def static_bytes(learner, *, learners: int = 1, sharded: bool = False, method: s
         state += 4   # the step counter (a float32 scalar)
     out = {"weights": weights, "gradients": grads, "optimizer state": state}
     if sharded:
-        units = [*model.vision_blocks, *model.prefix_layers, *model.expert_layers]
+        units = [block for group in model.layer_groups() for block in group.modules]
         sizes = sorted((sum(_nbytes(p) for p in u.parameters()) for u in units), reverse=True)
         out["gathered layers (fsdp)"] = sum(sizes[:2])
     return out

@@ -24,8 +24,10 @@ from vla_rl.envs.workers import local_worker_processes
 from vla_rl.eval.evaluate import evaluate
 from vla_rl.policies import flow
 from vla_rl.policies.actor import Actor, SamplerConfig
-from vla_rl.policies.model import FlowPolicy, count_parameters
+from vla_rl.policies.architectures import make_policy
+from vla_rl.policies.model import count_parameters
 from vla_rl.policies.normalize import NormStats, Stats, parse_dims
+from vla_rl.policies.seam import FlowVLA
 from vla_rl.presets import policy_preset
 
 
@@ -226,7 +228,7 @@ def sft_data(dataset: str | Path, cfg: SFTRunConfig) -> tuple[DemoDataset, dict]
     return data, env_dict
 
 
-def sft_model(cfg: SFTRunConfig, data: DemoDataset) -> FlowPolicy:
+def sft_model(cfg: SFTRunConfig, data: DemoDataset) -> FlowVLA:
     """The policy to train: ``cfg.init``'s, or a fresh one of ``cfg.model`` sized to the data; one that cannot see
     what the data holds is refused here rather than deep inside the forward pass."""
     _, cams, h, w, _ = data.images.shape
@@ -254,7 +256,7 @@ def sft_model(cfg: SFTRunConfig, data: DemoDataset) -> FlowPolicy:
     if state_dim > pcfg.state_dim or action_dim > pcfg.action_dim:
         raise ConfigError(f"model '{cfg.model}' has state/action dims {pcfg.state_dim}/{pcfg.action_dim}, the "
                           f"dataset needs {state_dim}/{action_dim}")
-    return FlowPolicy(pcfg) if model is None else model
+    return make_policy(pcfg) if model is None else model
 
 
 def sft_norm(cfg: SFTRunConfig, data: DemoDataset) -> NormStats:
@@ -269,7 +271,7 @@ def sft_norm(cfg: SFTRunConfig, data: DemoDataset) -> NormStats:
     return norm
 
 
-def save_sft_policy(dataset: str | Path, cfg: SFTRunConfig, model: FlowPolicy, norm: NormStats, data: DemoDataset,
+def save_sft_policy(dataset: str | Path, cfg: SFTRunConfig, model: FlowVLA, norm: NormStats, data: DemoDataset,
                     env_dict: dict) -> Path:
     """The policy folder ``cfg.out``: weights, normalisation, the env it is for (what `vla-rl eval` and
     `vla-rl train init=` use by default) and how it was trained."""
@@ -283,7 +285,7 @@ def save_sft_policy(dataset: str | Path, cfg: SFTRunConfig, model: FlowPolicy, n
                 "episodes": data.num_episodes, "frames": len(data)}})
 
 
-def evaluate_sft_policy(cfg: SFTRunConfig, model: FlowPolicy, norm: NormStats, env_dict: dict, *,
+def evaluate_sft_policy(cfg: SFTRunConfig, model: FlowVLA, norm: NormStats, env_dict: dict, *,
                         progress: bool) -> dict:
     """The trained policy's success on the env the dataset came from (``cfg.eval_episodes``, ``cfg.sampler``)."""
     env_cfg = from_dict(EnvConfig, env_dict, prefix="dataset env")

@@ -45,7 +45,7 @@ from vla_rl.envs.registry import EnvConfig, make_env
 from vla_rl.envs.workers import local_worker_processes
 from vla_rl.eval.evaluate import evaluate
 from vla_rl.policies.actor import Actor, SamplerConfig
-from vla_rl.policies.model import FlowPolicy
+from vla_rl.policies.architectures import make_policy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.presets import merge, policy_preset, resolve_device
 from vla_rl.rl.algorithms import AlgorithmConfig, make_algorithm, upgrade_ppo_section
@@ -262,7 +262,7 @@ class Trainer:
         else:   # a fresh model's weights come from the run's seed: two runs of one config are the same run
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(cfg.seed)
-                model = FlowPolicy(policy_preset(cfg.model)).to(self.device)
+                model = make_policy(policy_preset(cfg.model)).to(self.device)
             norm = NormStats(Stats.identity(spec.state_dim), Stats.identity(spec.action_dim))
         if self.resume_from is None:   # a resumed run was warned when it started
             kind = cfg.env.kind
