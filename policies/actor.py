@@ -21,8 +21,8 @@ import torch
 from torch import Tensor
 
 from vla_rl.core.ranges import check_ranges, positive, ranged, setting
+from vla_rl.policies.base import Prefix
 from vla_rl.policies.inference import CompileMode, Denoiser
-from vla_rl.policies.model import Prefix
 from vla_rl.policies.normalize import NormStats, actions_from_model, actions_to_model, state_to_model
 from vla_rl.policies.seam import FlowVLA
 

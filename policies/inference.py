@@ -26,8 +26,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from vla_rl.policies.base import ExpertContext, Prefix
 from vla_rl.policies.layers import RMSNorm
-from vla_rl.policies.model import ExpertContext, Prefix
 from vla_rl.policies.seam import FlowVLA
 
 from . import flow

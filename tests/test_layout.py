@@ -249,16 +249,20 @@ def test_no_env_kind_is_named_outside_envs():
 
 
 def _internal_attributes(cls: type) -> set[str]:
-    """What an architecture's ``__init__`` assigns to ``self`` (its layers, heads, embeddings) beyond the
-    :class:`~vla_rl.policies.seam.FlowVLA` protocol's own members."""
+    """What an architecture (and the policies/ classes it derives from) assigns to ``self`` (its layers, heads,
+    embeddings) beyond the :class:`~vla_rl.policies.seam.FlowVLA` protocol's own members."""
     import inspect
 
     from vla_rl.policies.seam import FlowVLA
 
     protocol = {n for n in dir(FlowVLA) if not n.startswith("__")} | set(FlowVLA.__annotations__)
-    init = ast.parse(textwrap.dedent(inspect.getsource(cls.__init__)))
-    assigned = {t.attr for node in ast.walk(init) if isinstance(node, ast.Assign) for t in node.targets
-                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+    assigned = set()
+    for klass in cls.__mro__:
+        if not klass.__module__.startswith("vla_rl.policies"):
+            continue
+        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        assigned |= {t.attr for node in ast.walk(tree) if isinstance(node, ast.Assign) for t in node.targets
+                     if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
     return assigned - protocol
 
 
@@ -271,7 +275,7 @@ def test_the_policy_seam_is_the_only_door_to_a_model():
     classes = {policy_class(arch) for arch in ARCHITECTURES}
     names = {cls.__name__ for cls in classes}
     internals = set().union(*(_internal_attributes(cls) for cls in classes))
-    assert {"vision_blocks", "prefix_layers", "expert_layers", "action_in"} <= internals   # the rule sees them
+    assert {"vision_blocks", "prefix_layers", "expert_layers", "action_in", "value_head"} <= internals   # seen
     files = [(n, p) for n, p in module_files().items() if not n.startswith("vla_rl.policies")]
     files += [(p.stem, p) for folder in ("benchmarks", "scripts") for p in (ROOT / folder).rglob("*.py")]
     found = []
