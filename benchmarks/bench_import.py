@@ -125,7 +125,7 @@ STEP = textwrap.dedent("""
     threading.Thread(target=sample, daemon=True).start()
     floor = status("VmHWM")
     from vla_rl.checkpoint.policy import load_policy
-    from vla_rl.checkpoint.lerobot_pi import import_lerobot
+    from vla_rl.checkpoint.lerobot import import_lerobot
     what, src, out, dtype = sys.argv[1:5]
     if what == "import":
         import_lerobot(src, out, dtype=dtype)

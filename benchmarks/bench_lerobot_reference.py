@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from vla_rl.checkpoint.lerobot_pi import load_lerobot
+from vla_rl.checkpoint.lerobot import load_lerobot
 from vla_rl.policies import flow
 
 ROOT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "lerobot_pi_tiny"

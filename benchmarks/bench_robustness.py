@@ -5,8 +5,8 @@ after-RL minus SFT success of the demo's own evaluation (ODE sampler, ``eval_epi
 10,000).
 
     python benchmarks/bench_robustness.py [--methods noise,sde,grpo,rloo,dapo,fpo] [--seeds 0,1,2,3,4] [--threads 1,2]
-                                          [--iterations N] [--set key=value ...] [--out runs/bench_robustness]
-                                          [--report | --divergence N]
+                                          [--iterations N] [--set key=value ...] [--model tiny | tiny_smolvla]
+                                          [--out runs/bench_robustness] [--report | --divergence N]
 
 Why threads: a run on 1 and on 2 torch threads rounds differently (~1e-7 in the first update), and PPO
 amplifies such differences until the two runs are as different as two RL seeds; a user's machine rounds in its
@@ -195,6 +195,8 @@ def main() -> None:
     p.add_argument("--iterations", type=int, help="RL iterations (default: the demo's)")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="overrides of the RL stage")
     p.add_argument("--out", default="runs/bench_robustness")
+    p.add_argument("--model", default="tiny", help="the policy preset (configs/model), e.g. tiny_smolvla; give each "
+                                                    "its own --out")
     p.add_argument("--report", action="store_true", help="run nothing: tabulate the finished runs")
     p.add_argument("--divergence", type=int, metavar="N",
                    help="instead: N iterations on 1 and 2 threads from one SFT policy, their weights' distance")
@@ -205,7 +207,7 @@ def main() -> None:
     unknown = [m for m in methods if m not in PRESETS]
     if unknown:
         p.error(f"unknown method(s) {unknown}; known: {list(PRESETS)}")
-    demo = DemoConfig()
+    demo = DemoConfig(model=args.model)
     iterations = args.iterations or demo.rl_iterations
     extra = parse_overrides(args.set)
     if args.divergence:

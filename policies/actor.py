@@ -129,7 +129,10 @@ class Actor:
         state = obs["state"].to(self.model.device, torch.float32)
         if state.shape[-1] != self.env_state_dim:
             raise ValueError(f"state has {state.shape[-1]} dims, expected {self.env_state_dim}")
-        out = {"images": obs["images"].to(self.model.device),
+        images = obs["images"]   # one tensor, or one per camera (cameras of different sizes)
+        images = [c.to(self.model.device) for c in images] if isinstance(images, (list, tuple)) else \
+            images.to(self.model.device)
+        out = {"images": images,
                "state": state_to_model(self.norm, state, self.model.cfg.state_dim)}
         for key in ("instruction", "tokens", "token_mask"):
             if key in obs:

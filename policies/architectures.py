@@ -13,7 +13,8 @@ from vla_rl.policies.policy_config import PolicyConfig
 from vla_rl.policies.seam import FlowVLA
 
 # arch -> "module:class" (imported on first use: an architecture's module may pull in what others do not need)
-ARCHITECTURES = {"pi0": "vla_rl.policies.model:FlowPolicy", "pi05": "vla_rl.policies.model:FlowPolicy"}
+ARCHITECTURES = {"pi0": "vla_rl.policies.model:FlowPolicy", "pi05": "vla_rl.policies.model:FlowPolicy",
+                 "smolvla": "vla_rl.policies.smolvla:SmolVLA"}
 
 
 def policy_class(arch: str) -> type:

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from vla_rl.core.shapes import Bool, Float
 from vla_rl.policies.layers import sincos_time_embedding
-from vla_rl.policies.tokenizer import SentencePieceTokenizer, discretize_state, pi0_prompt, pi05_prompt, tokenize
+from vla_rl.policies.tokenizer import FILE_TOKENIZERS, discretize_state, pi0_prompt, pi05_prompt, tokenize
 
 
 @dataclass
@@ -95,8 +95,9 @@ class FlowVLABase(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.action_in.weight.dtype
 
-    def set_tokenizer(self, tokenizer: SentencePieceTokenizer | None) -> None:
-        """Attach the SentencePiece tokenizer a ``tokenizer: sentencepiece`` policy encodes prompts with."""
+    def set_tokenizer(self, tokenizer) -> None:
+        """Attach the file tokenizer (:data:`~vla_rl.policies.tokenizer.FILE_TOKENIZERS`: SentencePiece, a Hugging
+        Face tokenizer.json) a ``tokenizer: sentencepiece`` / ``hf`` policy encodes prompts with."""
         if tokenizer is not None and tokenizer.vocab_size > self.cfg.vocab_size:
             raise ValueError(f"the tokenizer {tokenizer.source} has {tokenizer.vocab_size} pieces, more than the "
                              f"policy's {self.cfg.vocab_size} text embeddings")
@@ -104,11 +105,12 @@ class FlowVLABase(nn.Module):
 
     def prompts(self, instructions: list[str], state: Tensor) -> list[str]:
         """The text each instruction becomes: π0.5's prompt with the discretised (normalised) state
-        ``[N, S]``, π0's "task\\n" for a SentencePiece policy, the instruction itself otherwise."""
+        ``[N, S]``, "task\\n" (π0's and SmolVLA's newline step) for a policy with a file tokenizer, the instruction
+        itself otherwise."""
         if self.cfg.state_input == "prompt":
             bins = discretize_state(state, self.cfg.state_bins).tolist()
             return [pi05_prompt(text, row) for text, row in zip(instructions, bins)]
-        if self.cfg.tokenizer == "sentencepiece":
+        if self.cfg.tokenizer in FILE_TOKENIZERS:
             return [pi0_prompt(text) for text in instructions]
         return list(instructions)
 
@@ -116,9 +118,9 @@ class FlowVLABase(nn.Module):
         """``tokens`` / ``token_mask`` ``[N, max_text_tokens]`` of the instructions (and, for π0.5, the state)."""
         cfg = self.cfg
         texts = self.prompts(instructions, state)
-        if cfg.tokenizer == "sentencepiece":
+        if cfg.tokenizer in FILE_TOKENIZERS:
             if self.text_tokenizer is None:
-                raise RuntimeError(f"this policy tokenizes with SentencePiece ({cfg.tokenizer_file}) but no "
+                raise RuntimeError(f"this policy tokenizes with {cfg.tokenizer} ({cfg.tokenizer_file}) but no "
                                    "tokenizer is attached: load it with vla_rl.checkpoint.load_policy, or call "
                                    "set_tokenizer")
             return self.text_tokenizer(texts, cfg.max_text_tokens, device=state.device)
@@ -132,14 +134,17 @@ class FlowVLABase(nn.Module):
         ``state`` float ``[N, S]`` (normalised); ``instruction`` (list of N strings) or already-made ``tokens`` /
         ``token_mask`` ``[N, T]``; optionally ``image_mask`` ``[N, c]`` bool (False: that camera is left out).
         ``c`` is ``num_cameras``, or fewer when ``missing_cameras: mask`` (the first slots are filled, the rest
-        masked). Images of another size are resized to the encoder's (``image_resize``). Returns the same keys
-        with ``image_mask`` ``[N, num_cameras]``.
+        masked). Images of another size are resized to the encoder's (``image_resize``); cameras of different sizes
+        come as a list of ``[N, Hi, Wi, 3]`` tensors, one per camera. Returns the same keys with ``image_mask``
+        ``[N, num_cameras]`` (and the cameras of a list as one tensor at the encoder's size).
         """
         cfg = self.cfg
         for key in ("images", "state"):
             if key not in obs:
                 raise KeyError(f"observation is missing {key!r} (has {sorted(obs)})")
         images, state = obs["images"], obs["state"]
+        if isinstance(images, (list, tuple)):
+            images = self._stack_cameras(list(images))
         if images.dtype != torch.uint8 and not images.is_floating_point():
             raise TypeError(f"images must be uint8 [N, C, H, W, 3] (or floating point in [-1, 1]), got {images.dtype}")
         cams = cfg.num_cameras
@@ -316,6 +321,19 @@ class FlowVLABase(nn.Module):
     def _prefix_modules(self) -> set[str]:
         """The top-level submodules :meth:`encode_prefix` runs (``PREFIX_MODULES`` by default)."""
         return set(self.PREFIX_MODULES)
+
+    def _stack_cameras(self, cameras: list[Tensor]) -> Tensor:
+        """Cameras of different sizes (``[N, Hi, Wi, 3]`` each) as one ``[N, c, s, s, 3]`` tensor in [-1, 1] at the
+        encoder's size ``s``, each resized as the architecture resizes (:meth:`_pixels`)."""
+        if not cameras or any(not isinstance(c, Tensor) or c.dim() != 4 or c.shape[-1] != 3 for c in cameras):
+            raise ValueError("images given per camera must be a non-empty list of [N, H, W, 3] tensors, got "
+                             f"{[tuple(c.shape) if isinstance(c, Tensor) else type(c).__name__ for c in cameras]}")
+        if len({c.shape[0] for c in cameras}) != 1:
+            raise ValueError(f"the cameras hold different batch sizes: {[c.shape[0] for c in cameras]}")
+        if not cameras[0].shape[0]:
+            return cameras[0].new_zeros(0, len(cameras), self.cfg.vision.image_size, self.cfg.vision.image_size, 3,
+                                        dtype=torch.float32)
+        return torch.stack([self._pixels(c).permute(0, 2, 3, 1) for c in cameras], dim=1)
 
     def _suffix_length(self, prefix: Prefix) -> int:
         """Suffix tokens an expert pass runs: the actions (π0 adds its state token)."""

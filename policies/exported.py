@@ -44,7 +44,7 @@ from vla_rl.policies.layers import resize_with_pad
 from vla_rl.policies.normalize import NormStats, actions_from_model, state_to_model
 from vla_rl.policies.policy_config import PolicyConfig
 from vla_rl.policies.seam import FlowVLA
-from vla_rl.policies.tokenizer import SentencePieceTokenizer, TokenizerError
+from vla_rl.policies.tokenizer import FILE_TOKENIZERS, TokenizerError
 
 EXPORT_FORMAT = "vla-rl-export/1"
 WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -514,9 +514,9 @@ def load_exported(path: str | Path, *, device: str | torch.device = "cpu",
         model = make_policy(cfg)
         model.load_state_dict(state)
     model = cast_weights(model.to(device), "bf16" if compute == torch.bfloat16 else "fp32")
-    if cfg.tokenizer == "sentencepiece":
+    if cfg.tokenizer in FILE_TOKENIZERS:
         try:
-            model.set_tokenizer(SentencePieceTokenizer.from_file(path / cfg.tokenizer_file))
+            model.set_tokenizer(FILE_TOKENIZERS[cfg.tokenizer].from_file(path / cfg.tokenizer_file))
         except (TokenizerError, ValueError) as e:
             raise ExportError(f"{path}: {e}") from None
     return ExportedPolicy(model, norm, spec, weight_dtype=stored, compile=compile)

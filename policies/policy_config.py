@@ -42,13 +42,38 @@ ARCHS = ("pi0", "pi05", "smolvla")
 
 
 @dataclass(frozen=True)
+class SmolVLAOptions:
+    """What SmolVLA (``arch: smolvla``) adds to the shared settings; other architectures leave it at its
+    defaults. ``depth`` counts SmolVLM2's text layers kept (SmolVLA: the first 16 of 32)."""
+
+    pixel_shuffle: int = ranged(4, 1, doc="the connector merges f x f SigLIP patches into one token (SmolVLM2: 4)")
+    self_attn_every: int = nonneg(
+        2, doc="expert layer i attends jointly to the prefix's keys / values and the action tokens when i is a "
+               "multiple of this, else it cross-attends to the prefix alone (0: every layer cross-attends)")
+    expert_depth: int = nonneg(0, doc="expert layers (0: as many as depth; fewer run beside every "
+                                      "depth / expert_depth-th prefix layer)")
+    norm_eps: float = positive(1e-5, doc="epsilon of the streams' RMSNorms (SmolLM2: 1e-5)")
+
+    def __post_init__(self):
+        check_ranges(self)
+
+    def self_attention(self, layer: int) -> bool:
+        """Whether layer ``layer`` (an expert layer's index when it is built, a prefix layer's when it runs) attends
+        jointly to the prefix and the actions, as LeRobot decides it."""
+        return self.self_attn_every > 0 and layer % self.self_attn_every == 0
+
+    def expert_count(self, depth: int) -> int:
+        return self.expert_depth or depth
+
+
+@dataclass(frozen=True)
 class PolicyConfig:
     """A flow-VLA's settings. π0-style: the prefix backbone and the action expert share depth, heads and head size
     (joint attention, layer by layer), but have their own widths, as in π0 (Gemma 2B + 300M expert)."""
 
     arch: Literal["pi0", "pi05", "smolvla"] = setting(
         "pi0", doc="the architecture (vla_rl.policies.architectures): pi0 and pi05 are one model class whose "
-                   "options below cover both; smolvla is SmolVLA")
+                   "options below cover both; smolvla is SmolVLA (its own settings: the smolvla section)")
     vision: VisionConfig = field(default_factory=VisionConfig)
     prefix: StreamConfig = field(default_factory=StreamConfig)
     expert: StreamConfig = field(default_factory=StreamConfig)
@@ -57,12 +82,13 @@ class PolicyConfig:
     num_kv_heads: int = ranged(1, 1, doc="key / value heads (grouped-query attention)")
     head_dim: int = ranged(32, 2, doc="width of one head (even: rotary embedding)")
     rope_base: float = positive(10000.0, doc="base of the rotary position embedding")
-    tokenizer: Literal["words", "bytes", "sentencepiece"] = setting(
+    tokenizer: Literal["words", "bytes", "sentencepiece", "hf"] = setting(
         "words", doc='"words" / "bytes": offline tokenizers (policies/tokenizer.py). "sentencepiece": a SentencePiece '
                      "model file (PaliGemma's tokenizer.model for imported π0 / π0.5) named by ``tokenizer_file``, "
                      "relative to the policy folder; prompts follow LeRobot's processors (π0: \"<task>\\n\"; π0.5: see "
-                     "``state_input``).")
-    tokenizer_file: str = setting("", doc="the SentencePiece model file in the policy folder (tokenizer sentencepiece)")
+                     "``state_input``). \"hf\": a Hugging Face tokenizer.json (SmolVLM2's for an imported SmolVLA), "
+                     "the prompt \"<task>\\n\".")
+    tokenizer_file: str = setting("", doc="the tokenizer's file in the policy folder (tokenizer sentencepiece or hf)")
     vocab_size: int = ranged(1024, 4, doc="3 special tokens (BOS, EOS, PAD) and at least one word")
     max_text_tokens: int = ranged(16, 1, doc="prompt tokens (padded or cut to this many)")
     num_cameras: int = nonneg(1, doc="0: a state-only policy (ManiSkill state observations)")
@@ -106,6 +132,8 @@ class PolicyConfig:
     value_hidden: int = ranged(64, 1, doc="hidden width of the value head")
     noise_std_min: float = positive(0.08, doc="Flow-Noise: the learned noise std's lower bound")
     noise_std_max: float = positive(0.16, doc="Flow-Noise: the learned noise std's upper bound")
+    smolvla: SmolVLAOptions | None = setting(
+        None, doc="SmolVLA's own settings (arch smolvla only; left out: the defaults, SmolVLA's released ones)")
 
     @staticmethod
     def upgrade(data: dict) -> dict:
@@ -129,21 +157,47 @@ class PolicyConfig:
             problems.append("need 0 < noise_std_min < noise_std_max")
         if self.tokenizer == "bytes" and self.vocab_size < 259:
             problems.append("the bytes tokenizer needs vocab_size >= 259")
-        if (self.tokenizer == "sentencepiece") != bool(self.tokenizer_file):
-            problems.append("tokenizer_file names the SentencePiece model file, and only the sentencepiece "
-                            "tokenizer takes one")
+        if (self.tokenizer in ("sentencepiece", "hf")) != bool(self.tokenizer_file):
+            problems.append("tokenizer_file names the tokenizer's file, and only the sentencepiece and hf "
+                            "tokenizers take one")
         if self.adarms_final_norm and self.time_conditioning != "adarms":
             problems.append("adarms_final_norm needs time_conditioning: adarms")
         if not self.time_min_period < self.time_max_period:
             problems.append("need time_min_period < time_max_period")
         if self.camera_names and len(self.camera_names) != self.num_cameras:
             problems.append(f"camera_names names {len(self.camera_names)} cameras, num_cameras is {self.num_cameras}")
+        problems += self._arch_problems()
         if problems:
             raise ValueError("invalid PolicyConfig: " + "; ".join(problems))
 
+    def _arch_problems(self) -> list[str]:
+        if self.arch != "smolvla":
+            return [] if self.smolvla is None else [f"the smolvla section is for arch smolvla, not {self.arch}"]
+        if self.smolvla is None:   # frozen: set once, here, so every reader sees SmolVLA's settings
+            object.__setattr__(self, "smolvla", SmolVLAOptions())
+        opt, out = self.smolvla, []
+        if self.time_conditioning != "concat" or self.state_input != "token":
+            out.append("SmolVLA conditions on time by concatenation and reads the state as one prefix token "
+                       "(time_conditioning: concat, state_input: token)")
+        grid = self.vision.image_size // self.vision.patch_size
+        if grid % opt.pixel_shuffle:
+            out.append(f"smolvla.pixel_shuffle {opt.pixel_shuffle} must divide the {grid} patches a side")
+        layers = opt.expert_count(self.depth)
+        if self.depth % layers:
+            out.append(f"smolvla.expert_depth {layers} must divide depth {self.depth}")
+        else:   # LeRobot decides a layer's kind by the expert's index when building, by the prefix's when running
+            every = self.depth // layers
+            clash = [i for i in range(0, self.depth, every) if opt.self_attention(i) != opt.self_attention(i // every)]
+            if clash:
+                out.append(f"with depth {self.depth}, smolvla.expert_depth {layers} and self_attn_every "
+                           f"{opt.self_attn_every}, prefix layers {clash} would run an expert layer built for the "
+                           "other kind of attention")
+        return out
+
     @property
     def num_prefix_tokens(self) -> int:
-        """Prefix length: image patches of every camera, text tokens, state token(s)."""
+        """Prefix length: image tokens of every camera, text tokens, state token(s)."""
         state_tokens = {"token": 1, "discrete": self.state_dim}.get(self.state_input, 0)
-        return self.num_cameras * self.vision.num_patches + self.max_text_tokens + state_tokens
+        per_camera = self.vision.num_patches // (self.smolvla.pixel_shuffle ** 2 if self.arch == "smolvla" else 1)
+        return self.num_cameras * per_camera + self.max_text_tokens + state_tokens
 

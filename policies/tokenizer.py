@@ -7,6 +7,11 @@
   For both, ids 0, 1, 2 are PAD, BOS, EOS.
 - ``sentencepiece``: a SentencePiece model file (PaliGemma's ``tokenizer.model`` of an imported π0 / π0.5),
   with the prompt formats of LeRobot's π0 and π0.5 processors.
+- ``hf``: a Hugging Face ``tokenizer.json`` (SmolVLM2's, of an imported SmolVLA), run by the ``tokenizers``
+  package as transformers' fast tokenizers run it.
+
+The two file tokenizers (:data:`FILE_TOKENIZERS`) travel inside a policy folder as a ``.safetensors`` file of bytes,
+so every checkpoint writer carries them with the weights.
 """
 
 from __future__ import annotations
@@ -136,15 +141,7 @@ class SentencePieceTokenizer:
     def __call__(self, texts: list[str], max_len: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
         """``tokens`` / ``mask`` ``[N, max_len]``: right-padded with ``pad_id``, longer prompts cut at ``max_len``
         (LeRobot's ``padding="max_length", truncation=True``)."""
-        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
-            raise TypeError("instructions must be a list of strings")
-        tokens = torch.full((len(texts), max_len), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(texts), max_len), dtype=torch.bool)
-        for i, text in enumerate(texts):
-            ids = self.encode(text)[:max_len]
-            tokens[i, : len(ids)] = torch.tensor(ids)
-            mask[i, : len(ids)] = True
-        return tokens.to(device), mask.to(device)
+        return _pad(texts, max_len, self.encode, self.pad_id, device)
 
 
 def pi0_prompt(task: str) -> str:
@@ -165,3 +162,114 @@ def pi05_prompt(task: str, state_bins: list[int]) -> str:
     discretised state as text."""
     cleaned = task.strip().replace("_", " ").replace("\n", " ")
     return f"Task: {cleaned}, State: {' '.join(str(int(b)) for b in state_bins)};\nAction: "
+
+
+class HFTokenizer:
+    """A Hugging Face ``tokenizer.json`` (SmolVLM2's byte-level BPE for an imported SmolVLA): the ids its pipeline
+    (normaliser, pre-tokenizer, model, post-processor) gives, as transformers' fast tokenizer gives them
+    (``add_special_tokens=True``), cut at ``max_len`` and right-padded with ``pad_id`` (LeRobot's tokenizer step:
+    ``truncation=True``, ``padding_side="right"``)."""
+
+    TENSOR = "hf_tokenizer_json"   # the UTF-8 bytes of tokenizer.json
+    PAD = "hf_tokenizer_pad_id"    # int64 [1]
+
+    def __init__(self, json_text: str, pad_id: int, *, source: str = "<text>"):
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise TokenizerError("the hf tokenizer needs the `tokenizers` package: pip install 'vla-rl[pretrained]'")\
+                from None
+        self.json_text, self.source = json_text, source
+        try:
+            self._tok = Tokenizer.from_str(json_text)
+        except Exception as e:   # tokenizers raises its own Exception subclass for a malformed file
+            raise TokenizerError(f"{source} is not a Hugging Face tokenizer.json: {e}") from None
+        self._tok.no_padding()
+        self._tok.no_truncation()
+        if not 0 <= pad_id < self._tok.get_vocab_size(with_added_tokens=True):
+            raise TokenizerError(f"{source}: pad id {pad_id} is not a token of the tokenizer")
+        self.pad_id = int(pad_id)
+        self._cache: dict[str, tuple[int, ...]] = {}
+
+    @staticmethod
+    def from_folder(folder) -> HFTokenizer:
+        """From a Hugging Face tokenizer folder: ``tokenizer.json``, the pad token named in ``tokenizer_config.json``
+        (its ``pad_token``; else id 0)."""
+        import json
+
+        folder = Path(folder)
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise TokenizerError(f"tokenizer file missing: {path}")
+        text = path.read_text(encoding="utf-8")
+        pad = 0
+        config = folder / "tokenizer_config.json"
+        if config.is_file():
+            token = json.loads(config.read_text(encoding="utf-8")).get("pad_token")
+            token = token.get("content") if isinstance(token, dict) else token
+            if token is not None:
+                from tokenizers import Tokenizer
+
+                found = Tokenizer.from_str(text).token_to_id(token)
+                if found is None:
+                    raise TokenizerError(f"{config}: pad_token {token!r} is not in {path}")
+                pad = found
+        return HFTokenizer(text, pad, source=str(path))
+
+    @staticmethod
+    def from_file(path) -> HFTokenizer:
+        """From the ``.safetensors`` form (:meth:`to_tensors`) a policy folder keeps."""
+        path = Path(path)
+        if not path.is_file():
+            raise TokenizerError(f"tokenizer file missing: {path}")
+        try:
+            data = load_file(str(path))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise TokenizerError(f"corrupt tokenizer file {path}: {e}") from None
+        text, pad = data.get(HFTokenizer.TENSOR), data.get(HFTokenizer.PAD)
+        if text is None or text.dtype != torch.uint8 or pad is None or pad.numel() != 1:
+            raise TokenizerError(f"{path} holds no {HFTokenizer.TENSOR!r} / {HFTokenizer.PAD!r} tensors")
+        try:
+            decoded = text.numpy().tobytes().decode("utf-8")
+        except UnicodeDecodeError:
+            raise TokenizerError(f"{path}: the tokenizer.json bytes are not UTF-8") from None
+        return HFTokenizer(decoded, int(pad.item()), source=str(path))
+
+    def to_tensors(self) -> dict[str, torch.Tensor]:
+        return {self.TENSOR: torch.frombuffer(bytearray(self.json_text.encode("utf-8")), dtype=torch.uint8),
+                self.PAD: torch.tensor([self.pad_id], dtype=torch.int64)}
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        ids = self._cache.get(text)
+        if ids is None:
+            ids = tuple(self._tok.encode(text, add_special_tokens=True).ids)
+            if len(self._cache) < 65536:
+                self._cache[text] = ids
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(list(ids))
+
+    def __call__(self, texts: list[str], max_len: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        return _pad(texts, max_len, self.encode, self.pad_id, device)
+
+
+def _pad(texts: list[str], max_len: int, encode, pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``tokens`` / ``mask`` ``[N, max_len]`` of ``encode(text)`` cut at ``max_len``, right-padded with ``pad_id``."""
+    if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+        raise TypeError("instructions must be a list of strings")
+    tokens = torch.full((len(texts), max_len), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(texts), max_len), dtype=torch.bool)
+    for i, text in enumerate(texts):
+        ids = encode(text)[:max_len]
+        tokens[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        mask[i, : len(ids)] = True
+    return tokens.to(device), mask.to(device)
+
+
+# The tokenizers a policy folder carries as a file (``tokenizer_file``), by ``PolicyConfig.tokenizer``.
+FILE_TOKENIZERS = {"sentencepiece": SentencePieceTokenizer, "hf": HFTokenizer}

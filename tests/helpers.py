@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from vla_rl.core.schema import from_dict
+from vla_rl.policies.architectures import make_policy
 from vla_rl.policies.model import FlowPolicy
 from vla_rl.policies.policy_config import PolicyConfig
 from vla_rl.presets import policy_preset
@@ -25,6 +26,8 @@ SKIP_SIMULATORS = os.environ.get("VLA_RL_SKIP_SIMULATORS") == "1"
 # A smaller `tiny`: the end-to-end trainer tests run in seconds with it.
 SMALL = {"depth": 2, "vision": {"depth": 1}, "prefix": {"width": 64, "mlp_dim": 128},
          "expert": {"width": 64, "mlp_dim": 128}}
+SMALL_SMOLVLA = {"depth": 2, "vision": {"depth": 1}, "prefix": {"width": 64, "mlp_dim": 128},
+                 "expert": {"width": 48, "mlp_dim": 128}}
 
 
 def needs_simulator(module: str, name: str | None = None) -> pytest.MarkDecorator:
@@ -58,15 +61,15 @@ def make_obs(cfg: PolicyConfig, n: int, seed: int = 0, size: int | None = None) 
 def perturbed_model(preset: str = "tiny", overrides: dict | None = None, seed: int = 0) -> FlowPolicy:
     """A policy with every parameter perturbed (zero-initialised parts such as adaRMS gates then matter)."""
     torch.manual_seed(seed)
-    model = FlowPolicy(policy_preset(preset, overrides))
+    model = make_policy(policy_preset(preset, overrides))
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     return model.eval()
 
 
-def sft_policy(folder, model_overrides: dict, steps: int):
-    """Save into ``folder`` the tiny policy with ``model_overrides`` after ``steps`` SFT steps on 4 built-in
+def sft_policy(folder, model_overrides: dict, steps: int, preset: str = "tiny"):
+    """Save into ``folder`` the ``preset`` policy with ``model_overrides`` after ``steps`` SFT steps on 4 built-in
     expert demos (seeded), and return the policy folder."""
     from vla_rl.checkpoint.policy import save_policy
     from vla_rl.data.collect import collect_builtin_demos
@@ -77,7 +80,7 @@ def sft_policy(folder, model_overrides: dict, steps: int):
     torch.manual_seed(0)
     data = collect_builtin_demos(4, seed=0)
     norm = NormStats(Stats.of(data.state), Stats.of(data.action))
-    actor = Actor(FlowPolicy(policy_preset("tiny", model_overrides)), norm)
+    actor = Actor(make_policy(policy_preset(preset, model_overrides)), norm)
     train_sft(actor, data, SFTConfig(steps=steps, batch_size=16), progress=False)
     return save_policy(folder, actor.model, actor.norm)
 

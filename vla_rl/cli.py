@@ -229,11 +229,11 @@ def _export(args) -> int:
 
 
 def _import(args) -> int:
-    from vla_rl.checkpoint.lerobot_pi import import_lerobot
+    from vla_rl.checkpoint.lerobot import import_lerobot
     from vla_rl.core.outputs import POLICY, check_output
 
     if args.kind != "lerobot":
-        raise ConfigError(f"can import 'lerobot' checkpoints (π0 / π0.5 folders), not {args.kind!r}")
+        raise ConfigError(f"can import 'lerobot' checkpoints (π0, π0.5 and SmolVLA folders), not {args.kind!r}")
     check_output(args.out, overwrite=args.overwrite, kind=POLICY, elsewhere="another OUT folder",
                  inputs={"LeRobot checkpoint": args.src, "tokenizer": args.tokenizer})
     report = import_lerobot(args.src, args.out, tokenizer=args.tokenizer, dtype=args.dtype,
@@ -452,16 +452,19 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("overrides", nargs="*", help="robot spec overrides key=value")
     exp.set_defaults(func=_export)
 
-    imp = sub.add_parser("import", help="import a LeRobot π0 / π0.5 checkpoint as a vla-rl policy folder",
-                         description="KIND lerobot: SRC is a LeRobot PI0Policy / PI05Policy folder (config.json, "
+    imp = sub.add_parser("import", help="import a LeRobot π0 / π0.5 / SmolVLA checkpoint as a vla-rl policy folder",
+                         description="KIND lerobot: SRC is a LeRobot PI0Policy / PI05Policy / SmolVLAPolicy folder "
+                                     "(config.json, "
                                      "model.safetensors, policy_pre/postprocessor files). Overrides set PolicyConfig "
                                      "fields the weights cannot tell, e.g. vision.num_heads=16, or the RL heads' "
                                      "noise_std_min=0.08 (see docs/pretrained.md)")
     imp.add_argument("kind", help="lerobot")
     imp.add_argument("src", help="the LeRobot policy folder")
     imp.add_argument("out", help="policy folder to write")
-    imp.add_argument("--tokenizer", help="PaliGemma's SentencePiece tokenizer.model (default: next to SRC, or in the "
-                                         "Hugging Face cache of google/paligemma-3b-pt-224)")
+    imp.add_argument("--tokenizer", help="π0 / π0.5: PaliGemma's SentencePiece tokenizer.model (default: next to SRC, "
+                                         "or in the Hugging Face cache of google/paligemma-3b-pt-224). SmolVLA: the "
+                                         "folder of SmolVLM2's tokenizer.json and config.json (default: SRC/vlm, "
+                                         "vlm_model_name, the Hugging Face cache)")
     imp.add_argument("--dtype", choices=["fp32", "bf16", "keep"], default="fp32",
                      help="weight dtype of the written policy (default fp32; keep: as in SRC)")
     imp.add_argument("overrides", nargs="*", help="PolicyConfig overrides key.sub=value")

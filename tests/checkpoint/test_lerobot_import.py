@@ -11,7 +11,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from vla_rl.checkpoint.lerobot_pi import LeRobotImportError, is_lerobot_folder, load_lerobot, read_norm_stats
+from vla_rl.checkpoint.lerobot import is_lerobot_folder, load_lerobot
+from vla_rl.checkpoint.lerobot_format import LeRobotImportError, read_norm_stats
 from vla_rl.cli import main as cli_main
 from vla_rl.policies import flow
 from vla_rl.policies.actor import Actor, SamplerConfig
@@ -268,9 +269,9 @@ def test_unknown_type_missing_heads_override_and_missing_processor_are_errors(tm
     with pytest.raises(LeRobotImportError, match="no policy_preprocessor.json"):
         load_lerobot(folder, overrides=TINY)
     cfg = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**cfg, "type": "smolvla"}))
+    (folder / "config.json").write_text(json.dumps({**cfg, "type": "xvla"}))
     assert not is_lerobot_folder(folder)
-    with pytest.raises(LeRobotImportError, match="'smolvla' is not one this importer understands"):
+    with pytest.raises(LeRobotImportError, match="'xvla' is not one this importer understands"):
         load_lerobot(folder, overrides=TINY)
 
 

@@ -14,8 +14,9 @@ import torch
 from helpers import disk_full_at
 from safetensors.torch import load_file
 
+from vla_rl.checkpoint import lerobot_format
 from vla_rl.checkpoint import lerobot_pi as lr_import
-from vla_rl.checkpoint.lerobot_pi import import_lerobot, load_lerobot
+from vla_rl.checkpoint.lerobot import import_lerobot, load_lerobot
 from vla_rl.checkpoint.policy import load_any_policy, load_policy, save_policy
 from vla_rl.cli import main as cli_main
 from vla_rl.core.errors import CheckpointError
@@ -299,7 +300,7 @@ def test_the_import_hint_names_an_override_that_works(sp_model, tmp_path, capsys
     from vla_rl.presets import parse_overrides
 
     lr = json.loads((FIXTURES / "pi0" / "config.json").read_text())   # what `import` does with the override
-    shapes = lr_import.LazyWeights(FIXTURES / "pi0" / "model.safetensors").shapes
+    shapes = lerobot_format.LazyWeights(FIXTURES / "pi0" / "model.safetensors").shapes
     assert lr_import.infer_policy_config(lr, shapes, parse_overrides([f"{hint.group(1)}=2"])).vision.num_heads == 2
     assert not out.exists()
 
@@ -308,7 +309,8 @@ def test_the_import_hint_names_an_override_that_works(sp_model, tmp_path, capsys
 def test_a_full_disk_during_import_is_a_file_error_and_writes_nothing(sp_model, tmp_path, monkeypatch, capsys,
                                                                      error):
     # after the weights: the disk fills up
-    monkeypatch.setattr(lr_import, "save_file", disk_full_at(lr_import.save_file, "norm_stats.safetensors", error))
+    monkeypatch.setattr(lerobot_format, "save_file", disk_full_at(lerobot_format.save_file, "norm_stats.safetensors",
+                                                                  error))
     out = tmp_path / "out"
     assert cli_main(["import", "lerobot", str(FIXTURES / "pi0"), str(out), "--tokenizer", str(sp_model),
                      "vision.num_heads=2"]) == 2

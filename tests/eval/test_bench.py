@@ -170,6 +170,22 @@ def test_maniskill_bench_of_a_state_policy(tmp_path, capsys):
 
 
 @pytest.mark.skipif(SKIP, reason="VLA_RL_SKIP_SIMULATORS=1")
+def test_a_smolvla_benches_like_any_policy(tmp_path):
+    """bench knows no architecture: a state-only SmolVLA runs the ManiSkill protocol and writes its results."""
+    from vla_rl.policies.architectures import make_policy
+
+    cfg = policy_preset("tiny_smolvla", {"num_cameras": 0, "state_dim": 40, "action_dim": 7, "depth": 2})
+    ckpt = save_policy(tmp_path / "policy", make_policy(cfg), NormStats(Stats.identity(35), Stats.identity(7)),
+                       meta={"env_config": {"kind": "maniskill",
+                                            "maniskill": {"task": "PushCube-v1", "max_episode_steps": 8}}})
+    out = tmp_path / "bench"
+    assert main(["bench", str(ckpt), "--suite", "maniskill:PushCube-v1", "episodes=2", "workers=1", "execute=4",
+                 f"out={out}", "progress=false"]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert [(t["task"], t["episodes"]) for t in res["tasks"]] == [("PushCube-v1", 2)]
+
+
+@pytest.mark.skipif(SKIP, reason="VLA_RL_SKIP_SIMULATORS=1")
 @pytest.mark.slow   # two ManiSkill workers and their first renderings; the bench test above covers videos=1 fast
 def test_eval_records_maniskill_videos_of_a_state_policy(tmp_path):
     """`vla-rl eval videos=N` on ManiSkill with state observations: the frames are renderings of ManiSkill's

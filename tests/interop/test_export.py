@@ -440,3 +440,32 @@ def test_a_full_disk_during_export_is_a_file_error_and_writes_nothing(source, tm
     assert "nothing was written" in err[1]
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]   # no temporary folder, no half export
+
+
+def test_a_smolvla_exports_and_acts_as_its_actor(tmp_path):
+    """The export path knows no architecture: a SmolVLA's export gives its actor's actions; an imported LeRobot
+    SmolVLA exports with its SmolVLM2 tokenizer and reads prompts from the export alone."""
+    src, model, norm = policy_folder(tmp_path / "policy", preset="tiny_smolvla")
+    policy = load_exported(export_policy(src, tmp_path / "export", dtype="fp32"))
+    actor = Actor(model, norm)
+    obs = [observation(i) for i in range(2)]
+    batch = {"images": torch.from_numpy(np.stack([o["image"] for o in obs]))[:, None],
+             "state": torch.from_numpy(np.stack([o["state"] for o in obs])), "instruction": [o["prompt"] for o in obs]}
+    with torch.inference_mode():
+        want = actor.act(actor.observe(batch), SamplerConfig(num_steps=3),
+                         generator=torch.Generator().manual_seed(7)).actions
+    got = policy.infer({"image": batch["images"][:, 0].numpy(), "state": batch["state"].numpy(),
+                        "prompt": batch["instruction"]}, seed=7)
+    np.testing.assert_allclose(got, want.numpy(), atol=1e-6)
+    pytest.importorskip("tokenizers")
+    from vla_rl.checkpoint.lerobot import import_lerobot
+
+    lerobot = ROOT / "tests" / "fixtures" / "lerobot_smolvla_tiny" / "lerobot-0.6.1" / "smolvla"
+    import_lerobot(lerobot, tmp_path / "imported")
+    imported = load_exported(export_policy(tmp_path / "imported", tmp_path / "imported_export"))
+    assert "tokenizer.safetensors" in os.listdir(tmp_path / "imported_export")
+    rng = np.random.default_rng(0)
+    cams = {c.name: rng.integers(0, 256, (40, 48, 3), dtype=np.uint8) for c in imported.spec.cameras}
+    acts = imported.infer({**cams, "state": rng.normal(size=imported.spec.state_dim).astype(np.float32),
+                           "prompt": "pick up the red cube"}, seed=1)
+    assert acts.shape == (imported.spec.action_horizon, imported.spec.action_dim) and np.isfinite(acts).all()

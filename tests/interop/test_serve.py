@@ -504,3 +504,13 @@ def test_server_memory_under_many_large_messages_stays_within_its_bound():
     assert served == "6 / 0", out.stdout
     bound = ServeConfig(max_message_mb=4, max_connections=6).message_memory_mb
     assert 0 < growth <= bound, (growth, bound)
+
+
+def test_a_smolvla_export_is_served(tmp_path):
+    """The server knows no architecture: a SmolVLA export answers an openpi client as the policy itself does."""
+    src, _, _ = policy_folder(tmp_path / "policy", preset="tiny_smolvla")
+    smol = load_exported(export_policy(src, tmp_path / "export", dtype="fp32"))
+    with ServerThread(smol, ServeConfig(port=0)) as s:
+        c = client(s.port)
+        obs = {**observation(3), "seed": 3}
+        np.testing.assert_array_equal(bounded(lambda: c.infer(obs))["actions"], smol.infer(obs))

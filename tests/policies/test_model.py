@@ -84,7 +84,7 @@ def test_instruction_changes_the_velocity():
     assert not torch.allclose(a, b)
 
 
-@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("name", [*PRESETS, "tiny_smolvla"])
 def test_noise_std_is_bounded(name):
     model = perturbed_model(name)
     cfg = model.cfg
@@ -97,7 +97,7 @@ def test_noise_std_is_bounded(name):
 
 
 @pytest.mark.parametrize("name, overrides", [("tiny", None), ("tiny_pi05", None),
-                                             ("tiny", {"state_input": "suffix"})])
+                                             ("tiny", {"state_input": "suffix"}), ("tiny_smolvla", None)])
 def test_parameter_groups_are_what_the_prefix_and_the_value_read(name, overrides):
     """The prefix group is exactly the parameters the prefix's outputs depend on; the value group is the head."""
     model = perturbed_model(name, overrides)

@@ -260,6 +260,24 @@ def test_every_method_runs_an_iteration(name, sft_checkpoint, tmp_path):
     assert ("losses/explained_variance" in m) == make_algorithm(cfg.algorithm).uses_critic or m["train/samples"] == 0
 
 
+@pytest.mark.parametrize("name, method", [("ppo", "noise"), ("ppo", "sde"), ("grpo", "sde"), ("fpo", "ode")])
+def test_methods_run_on_smolvla_unchanged(name, method, smolvla_checkpoint, tmp_path):
+    """The algorithms reach the policy through the seam: a SmolVLA trains with Flow-Noise, Flow-SDE, GRPO and FPO++
+    with the same configs as π0, and its loss moves its weights."""
+    from vla_rl.checkpoint.policy import load_policy
+
+    section = {"group_size": 4} if name == "grpo" else {}
+    cfg = train_config(smolvla_checkpoint, tmp_path / name, iterations=1, env={"num_envs": 8},
+                       sampler={"num_steps": 4, "method": method},
+                       algorithm={"name": name, name: section}, learner={"update_epochs": 1, "minibatches": 2})
+    history = Trainer(cfg, log=lambda *_: None).run()
+    assert history[-1]["iteration"] == 1 and history[-1]["train/samples"] > 0
+    before, _, _ = load_policy(smolvla_checkpoint)
+    after, _, config = load_policy(tmp_path / name / "checkpoints" / "iter_000001")
+    assert config["policy"]["arch"] == "smolvla"
+    assert not torch.equal(before.expert_norm.weight, after.expert_norm.weight)
+
+
 def test_likelihood_methods_refuse_the_ode_sampler_and_fpo_takes_it():
     for name in ("ppo", "grpo", "rloo", "dapo"):
         with pytest.raises(ConfigError, match=f"algorithm {name} needs"):

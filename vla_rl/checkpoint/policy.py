@@ -17,7 +17,7 @@ from vla_rl.checkpoint.folders import (
     read_yaml_file,
     write_atomic_folder,
 )
-from vla_rl.checkpoint.lerobot_pi import is_lerobot_folder, load_lerobot
+from vla_rl.checkpoint.lerobot import is_lerobot_folder, load_lerobot
 from vla_rl.core.errors import CheckpointError
 from vla_rl.core.ranges import ConfigError
 from vla_rl.core.schema import from_dict, to_dict
@@ -26,7 +26,7 @@ from vla_rl.policies.architectures import make_policy
 from vla_rl.policies.normalize import NormStats
 from vla_rl.policies.policy_config import PolicyConfig
 from vla_rl.policies.seam import FlowVLA
-from vla_rl.policies.tokenizer import SentencePieceTokenizer, TokenizerError
+from vla_rl.policies.tokenizer import FILE_TOKENIZERS, TokenizerError
 
 
 def policy_files(model: FlowVLA, norm: NormStats, meta: dict | None = None) -> tuple[dict, dict]:
@@ -41,9 +41,9 @@ def policy_files(model: FlowVLA, norm: NormStats, meta: dict | None = None) -> t
     if adapters:
         tensors["adapters"] = adapters
         config["lora"] = lora.lora_meta(model)
-    if model.cfg.tokenizer == "sentencepiece":
+    if model.cfg.tokenizer in FILE_TOKENIZERS:
         if model.text_tokenizer is None:
-            raise CheckpointError("this policy tokenizes with SentencePiece but has no tokenizer attached; "
+            raise CheckpointError(f"this policy tokenizes with {model.cfg.tokenizer} but has no tokenizer attached; "
                                   "a folder saved without it could not read instructions")
         name = model.cfg.tokenizer_file
         if Path(name).suffix != ".safetensors" or Path(name).name != name:
@@ -90,9 +90,9 @@ def load_policy(path: str | Path, device="cpu") -> tuple[FlowVLA, NormStats, dic
         state = merge_adapters(path, config, state)
     model.load_state_dict(state, assign=True)
     del state
-    if cfg.tokenizer == "sentencepiece":
+    if cfg.tokenizer in FILE_TOKENIZERS:
         try:
-            model.set_tokenizer(SentencePieceTokenizer.from_file(path / cfg.tokenizer_file))
+            model.set_tokenizer(FILE_TOKENIZERS[cfg.tokenizer].from_file(path / cfg.tokenizer_file))
         except (TokenizerError, ValueError) as e:
             raise CheckpointError(f"{path}: {e}") from None
     try:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import torch
 
 from vla_rl.checkpoint.folders import read_yaml_file
-from vla_rl.checkpoint.lerobot_pi import is_lerobot_folder
+from vla_rl.checkpoint.lerobot import is_lerobot_folder
 from vla_rl.checkpoint.policy import load_any_policy
 from vla_rl.checkpoint.training import checkpoint_dir, latest_checkpoint
 from vla_rl.core.outputs import EVAL_FILE, check_output
