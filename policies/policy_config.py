@@ -117,13 +117,14 @@ class PolicyConfig:
     time_embedding_precision: Literal["float32", "float64"] = setting(
         "float32", doc="Precision of the time embedding's angles (up to 2π / time_min_period rad): π0 / π0.5 "
                        "checkpoints were trained with float64 angles; float32 moves their actions by ~3e-5.")
-    state_input: Literal["token", "discrete", "suffix", "prompt"] = setting(
+    state_input: Literal["token", "discrete", "suffix", "prompt", "none"] = setting(
         "token", doc='Where the (normalised) state enters: "token": one projected state token at the end of the '
                      'prefix; "discrete": each state dim binned into ``state_bins`` learned tokens at the end of the '
                      "prefix; \"suffix\": π0 — one projected state token leading the expert's suffix (it sees the "
                      'prefix and itself, the action tokens see it); "prompt": π0.5 — each state dim binned into '
                      '``state_bins`` and written into the text prompt ("Task: ..., State: 12 200 ...;\\nAction: "), no '
-                     "state weights.")
+                     "state weights; \"none\": the policy does not see the state (openpi's pi05_libero: "
+                     "discrete_state_input false).")
     state_bins: int = ranged(256, 2, doc="bins per state dim (state_input discrete or prompt)")
     value_source: Literal["expert", "prefix"] = setting(
         "expert", doc="\"expert\": value read from the action expert's output (π0 style); \"prefix\": from the prefix "

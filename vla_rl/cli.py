@@ -230,16 +230,26 @@ def _export(args) -> int:
 
 def _import(args) -> int:
     from vla_rl.checkpoint.lerobot import import_lerobot
+    from vla_rl.checkpoint.openpi import import_openpi
     from vla_rl.core.outputs import POLICY, check_output
 
-    if args.kind != "lerobot":
-        raise ConfigError(f"can import 'lerobot' checkpoints (π0, π0.5 and SmolVLA folders), not {args.kind!r}")
+    source = {"lerobot": "LeRobot", "openpi": "openpi", "rlinf": "RLinf"}[args.kind] + " checkpoint"
     check_output(args.out, overwrite=args.overwrite, kind=POLICY, elsewhere="another OUT folder",
-                 inputs={"LeRobot checkpoint": args.src, "tokenizer": args.tokenizer})
-    report = import_lerobot(args.src, args.out, tokenizer=args.tokenizer, dtype=args.dtype,
-                            overrides=parse_overrides(args.overrides))
+                 inputs={source: args.src, "tokenizer": args.tokenizer, "norm stats": args.norm_stats})
+    overrides = parse_overrides(args.overrides)
+    if args.kind == "lerobot":
+        for flag in ("config", "asset_id", "norm_stats"):
+            if getattr(args, flag) is not None:
+                raise ConfigError(f"--{flag.replace('_', '-')} is for openpi / rlinf checkpoints, not LeRobot folders")
+        report = import_lerobot(args.src, args.out, tokenizer=args.tokenizer, dtype=args.dtype, overrides=overrides)
+        what = f"a LeRobot {report.kind}"
+    else:
+        report = import_openpi(args.src, args.out, fmt=args.kind, tokenizer=args.tokenizer, config=args.config,
+                               asset_id=args.asset_id, norm_stats=args.norm_stats, dtype=args.dtype,
+                               overrides=overrides)
+        what = f"an {report.kind}" if report.kind.startswith(("openpi", "RLinf")) else report.kind
     cfg = report.config
-    print(f"imported a LeRobot {report.kind} ({report.parameters / 1e6:.1f}M parameters, {args.dtype}) to {args.out}: "
+    print(f"imported {what} ({report.parameters / 1e6:.1f}M parameters, {args.dtype}) to {args.out}: "
           f"{cfg.num_cameras} camera slot(s) {list(cfg.camera_names)} at {cfg.vision.image_size}px, state "
           f"{cfg.state_dim}, action {cfg.action_dim}, chunk {cfg.action_horizon}; normalisation state "
           f"{report.normalization['state']}, action {report.normalization['action']}; tokenizer {report.tokenizer}")
@@ -452,19 +462,29 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("overrides", nargs="*", help="robot spec overrides key=value")
     exp.set_defaults(func=_export)
 
-    imp = sub.add_parser("import", help="import a LeRobot π0 / π0.5 / SmolVLA checkpoint as a vla-rl policy folder",
-                         description="KIND lerobot: SRC is a LeRobot PI0Policy / PI05Policy / SmolVLAPolicy folder "
-                                     "(config.json, "
-                                     "model.safetensors, policy_pre/postprocessor files). Overrides set PolicyConfig "
-                                     "fields the weights cannot tell, e.g. vision.num_heads=16, or the RL heads' "
-                                     "noise_std_min=0.08 (see docs/pretrained.md)")
-    imp.add_argument("kind", help="lerobot")
-    imp.add_argument("src", help="the LeRobot policy folder")
+    imp = sub.add_parser("import", help="import a π0 / π0.5 / SmolVLA checkpoint (LeRobot, openpi, RLinf) as a vla-rl "
+                                        "policy folder",
+                         description=(
+                             "KIND lerobot: a LeRobot PI0Policy / PI05Policy / SmolVLAPolicy folder (config.json, "
+                             "model.safetensors, policy_pre/postprocessor files). KIND openpi: an openpi checkpoint "
+                             "folder (JAX: params/ + assets/; PyTorch: model.safetensors + assets/). KIND rlinf: "
+                             "RLinf's full_weights.pt (or a folder holding actor/model_state_dict/full_weights.pt). "
+                             "Overrides set PolicyConfig fields the weights cannot tell, e.g. vision.num_heads=16, "
+                             "action_horizon=10, or the RL heads' noise_std_min=0.08 (see docs/pretrained.md)"))
+    imp.add_argument("kind", choices=["lerobot", "openpi", "rlinf"])
+    imp.add_argument("src", help="the checkpoint folder (or RLinf's .pt file)")
     imp.add_argument("out", help="policy folder to write")
     imp.add_argument("--tokenizer", help="π0 / π0.5: PaliGemma's SentencePiece tokenizer.model (default: next to SRC, "
-                                         "or in the Hugging Face cache of google/paligemma-3b-pt-224). SmolVLA: the "
+                                         "openpi's cache ~/.cache/openpi/big_vision, or the Hugging Face cache of "
+                                         "google/paligemma-3b-pt-224). SmolVLA: the "
                                          "folder of SmolVLM2's tokenizer.json and config.json (default: SRC/vlm, "
                                          "vlm_model_name, the Hugging Face cache)")
+    imp.add_argument("--config", help="openpi / rlinf: the openpi training config the checkpoint was made with "
+                                      "(pi0_base, pi05_base, pi0_libero, pi05_libero, pi0_droid, pi05_droid, "
+                                      "pi0_maniskill, pi05_maniskill): chunk length, prompt length, state input. "
+                                      "Default: recognised by the norm stats' asset id, else openpi's defaults")
+    imp.add_argument("--asset-id", help="openpi / rlinf: which assets/<asset_id>/norm_stats.json, when several exist")
+    imp.add_argument("--norm-stats", help="openpi / rlinf: a norm_stats.json (or its folder) to use instead")
     imp.add_argument("--dtype", choices=["fp32", "bf16", "keep"], default="fp32",
                      help="weight dtype of the written policy (default fp32; keep: as in SRC)")
     imp.add_argument("overrides", nargs="*", help="PolicyConfig overrides key.sub=value")

@@ -141,7 +141,7 @@ def layer_count(shapes: dict, prefix: str) -> int:
 
 def shape_of(shapes: dict, name: str, label: str) -> tuple[int, ...]:
     if name not in shapes:
-        raise LeRobotImportError(f"model.safetensors has no {name}: not a LeRobot {label} checkpoint")
+        raise LeRobotImportError(f"the checkpoint has no {name}: not a {label} checkpoint")
     return shapes[name]
 
 
@@ -192,7 +192,7 @@ def check_names(family: Family, cfg: PolicyConfig, weights: LazyWeights) -> dict
                 problems.append(f"{names[0]} has shape {tuple(shapes[0])}, the inferred config needs "
                                 f"{tuple(expected[ours].shape)} for {ours}")
     if problems:
-        raise LeRobotImportError(f"{weights.path} does not match a LeRobot {family.label} checkpoint: "
+        raise LeRobotImportError(f"{weights.path} does not match a {family.label} checkpoint: "
                                  + "; ".join(problems))
     return sources
 
@@ -353,60 +353,96 @@ def open_folder(family: Family, src: Path, lr: dict,
     return weights, cfg, norm, modes
 
 
-def load_with(family: Family, src: Path, lr: dict, *, tokenizer: str | Path | None = None,
-              overrides: dict | None = None, device="cpu",
-              dtype: torch.dtype = torch.float32) -> tuple[FlowVLA, NormStats, dict]:
-    """The LeRobot folder ``src`` as (model in eval mode, normalisation, a config dict like ``config.yaml``'s). The
-    model is built on the meta device and takes the converted tensors as they are read, so memory holds one copy
-    of the weights. Without a tokenizer (none given, none found) the model still runs on given ``tokens``;
-    instructions then raise a clear error."""
+@dataclass
+class Opened:
+    """A foreign checkpoint understood: its tensors (anything with ``path``, ``shapes``, ``in`` and ``get(name)``,
+    named as ``family`` expects), our config for it, its normalisation, and what ``config.yaml``'s ``source``
+    records. LeRobot folders (here), openpi and RLinf checkpoints (:mod:`.openpi`) open into one; building the
+    model and writing the policy folder are then the same for all."""
+
+    family: Family
+    weights: object
+    cfg: PolicyConfig
+    norm: NormStats
+    source: dict
+    normalization: dict
+    kind: str
+    notes: list[str]
+
+
+def open_lerobot(family: Family, src: Path, lr: dict, overrides: dict | None) -> Opened:
     weights, cfg, norm, modes = open_folder(family, src, lr, overrides)
-    tok_path = family.find_tokenizer(src, lr, tokenizer)
+    return Opened(family, weights, cfg, norm, {"lerobot": str(src.resolve()), "type": lr["type"],
+                                               "normalization": modes},
+                  modes, lr["type"], family.notes(cfg))
+
+
+def load_opened(opened: Opened, tok_path: Path | None, *, device="cpu",
+                dtype: torch.dtype = torch.float32) -> tuple[FlowVLA, NormStats, dict]:
+    """(model in eval mode, normalisation, a config dict like ``config.yaml``'s) of an opened checkpoint. The model
+    is built on the meta device and takes the converted tensors as they are read, so memory holds one copy of the
+    weights. Without a tokenizer (``tok_path`` None) the model still runs on given ``tokens``; instructions then
+    raise a clear error."""
+    family, cfg = opened.family, opened.cfg
     tok = family.load_tokenizer(tok_path, cfg) if tok_path else None
     with torch.device("meta"):
         model = make_policy(cfg)
-    state = dict(convert_weights(family, cfg, weights, dtype))
+    state = dict(convert_weights(family, cfg, opened.weights, dtype))
     model.load_state_dict(state, assign=True, strict=True)
     del state
     model.set_tokenizer(tok)
     config = {"format_version": FORMAT_VERSION, "policy": to_dict(cfg),
-              "normalization": {"mode": norm.mode, "hidden_state_dims": []},
-              "source": {"lerobot": str(src.resolve()), "type": lr["type"], "normalization": modes}}
-    return model.to(device).eval(), norm, config
+              "normalization": {"mode": opened.norm.mode, "hidden_state_dims": []}, "source": opened.source}
+    return model.to(device).eval(), opened.norm, config
 
 
-def import_with(family: Family, src: Path, lr: dict, out: str | Path, *, tokenizer: str | Path | None = None,
-                overrides: dict | None = None, dtype: str = "fp32",
-                progress: Callable[[int, int], None] | None = None) -> ImportReport:
-    """Write the LeRobot folder ``src`` as one of our policy folders at ``out`` (atomically): ``model.safetensors``
-    (in ``dtype``: fp32, bf16, or keep the file's), ``norm_stats.safetensors``, ``config.yaml`` and
+def write_opened(opened: Opened, tok_path: Path, out: str | Path, *, dtype: str = "fp32",
+                 progress: Callable[[int, int], None] | None = None) -> ImportReport:
+    """Write an opened checkpoint as one of our policy folders at ``out`` (atomically): ``model.safetensors`` (in
+    ``dtype``: fp32, bf16, or keep the file's), ``norm_stats.safetensors``, ``config.yaml`` and
     ``tokenizer.safetensors``. Tensors are converted one at a time; the output holds one copy."""
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
-    weights, cfg, norm, modes = open_folder(family, src, lr, overrides)
-    tok_path = family.find_tokenizer(src, lr, tokenizer)
-    if tok_path is None:
-        raise LeRobotImportError(family.no_tokenizer(src))
+    family, cfg = opened.family, opened.cfg
     tok = family.load_tokenizer(tok_path, cfg)
     tensors: dict[str, torch.Tensor] = {}
-    total = len(family.weight_sources(cfg, weights.shapes))
-    for i, (name, t) in enumerate(convert_weights(family, cfg, weights, DTYPES[dtype])):
+    total = len(family.weight_sources(cfg, opened.weights.shapes))
+    for i, (name, t) in enumerate(convert_weights(family, cfg, opened.weights, DTYPES[dtype])):
         tensors[name] = t
         if progress is not None:
             progress(min(i + 1, total), total)
-    notes = family.notes(cfg)
     config = {"format_version": FORMAT_VERSION, "policy": to_dict(cfg),
-              "normalization": {"mode": norm.mode, "hidden_state_dims": []},
-              "source": {"lerobot": str(src.resolve()), "type": lr["type"], "normalization": modes,
-                         "dtype": dtype, "notes": notes}}
+              "normalization": {"mode": opened.norm.mode, "hidden_state_dims": []},
+              "source": {**opened.source, "dtype": dtype, "notes": opened.notes}}
     out = Path(out)
     n_params = sum(t.numel() for t in tensors.values())
     with atomic_folder(out) as tmp:
         save_file(tensors, str(tmp / "model.safetensors"))
         tensors.clear()
-        save_file(norm.to_tensors(), str(tmp / "norm_stats.safetensors"))
+        save_file(opened.norm.to_tensors(), str(tmp / "norm_stats.safetensors"))
         with open(tmp / "config.yaml", "w") as f:
             yaml.safe_dump(config, f, sort_keys=False)
         save_file(tok.to_tensors(), str(tmp / POLICY_TOKENIZER))
-    return ImportReport(kind=lr["type"], config=cfg, parameters=n_params, tokenizer=str(tok_path),
-                        normalization=modes, notes=notes)
+    return ImportReport(kind=opened.kind, config=cfg, parameters=n_params, tokenizer=str(tok_path),
+                        normalization=opened.normalization, notes=opened.notes)
+
+
+def load_with(family: Family, src: Path, lr: dict, *, tokenizer: str | Path | None = None,
+              overrides: dict | None = None, device="cpu",
+              dtype: torch.dtype = torch.float32) -> tuple[FlowVLA, NormStats, dict]:
+    """The LeRobot folder ``src`` as (model in eval mode, normalisation, a config dict) (:func:`load_opened`)."""
+    opened = open_lerobot(family, src, lr, overrides)
+    return load_opened(opened, family.find_tokenizer(src, lr, tokenizer), device=device, dtype=dtype)
+
+
+def import_with(family: Family, src: Path, lr: dict, out: str | Path, *, tokenizer: str | Path | None = None,
+                overrides: dict | None = None, dtype: str = "fp32",
+                progress: Callable[[int, int], None] | None = None) -> ImportReport:
+    """Write the LeRobot folder ``src`` as one of our policy folders at ``out`` (:func:`write_opened`)."""
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    opened = open_lerobot(family, src, lr, overrides)
+    tok_path = family.find_tokenizer(src, lr, tokenizer)
+    if tok_path is None:
+        raise LeRobotImportError(family.no_tokenizer(src))
+    return write_opened(opened, tok_path, out, dtype=dtype, progress=progress)

@@ -33,7 +33,7 @@ TOKENIZER_FILE = "tokenizer.model"          # PaliGemma's SentencePiece model, a
 PALIGEMMA_REPO = "google/paligemma-3b-pt-224"
 # SigLIP's head count is not visible in its weights: known widths (So400m/14: 1152 wide, 16 heads of 72).
 SIGLIP_HEADS = {1152: 16}
-LABEL = "π0 / π0.5"
+LABEL = "LeRobot π0 / π0.5"
 
 _PG = "model.paligemma_with_expert.paligemma."
 _VIS = _PG + "model.vision_tower.vision_model."

@@ -38,7 +38,7 @@ from vla_rl.policies.tokenizer import HFTokenizer, TokenizerError
 from vla_rl.presets import merge
 
 TYPES = ("smolvla",)
-LABEL = "SmolVLA"
+LABEL = "LeRobot SmolVLA"
 # What SmolVLM2-500M's config.json says where it cannot be found (by the text / vision width the weights show):
 # (heads, KV heads, head size, RMSNorm epsilon) and the SigLIP head count.
 KNOWN_TEXT = {960: (15, 5, 64, 1e-5)}

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from vla_rl.checkpoint import openpi
 from vla_rl.checkpoint.folders import (
     FORMAT_VERSION,
     read_tensors,
@@ -121,9 +122,21 @@ def merge_adapters(path: Path, config: dict, state: dict[str, torch.Tensor]) -> 
         raise CheckpointError(f"{path}/adapters.safetensors: {e}") from None
 
 
-def load_any_policy(path: str | Path, device="cpu") -> tuple[FlowVLA, NormStats, dict]:
-    """:func:`load_policy` of one of our policy folders, or :func:`load_lerobot` of a LeRobot
-    π0 / π0.5 folder (imported on the fly; its tokenizer found next to it or in the Hugging Face cache)."""
+def foreign_kind(path: str | Path) -> str | None:
+    """``"lerobot"``, ``"openpi-jax"``, ``"openpi-pytorch"`` or ``"rlinf"`` for a checkpoint another framework wrote
+    that vla-rl reads directly, None for anything else (one of our folders, or nothing we know)."""
     if is_lerobot_folder(path):
+        return "lerobot"
+    return openpi.detect(path)
+
+
+def load_any_policy(path: str | Path, device="cpu") -> tuple[FlowVLA, NormStats, dict]:
+    """:func:`load_policy` of one of our policy folders, or a LeRobot π0 / π0.5 / SmolVLA folder, an openpi (JAX or
+    PyTorch) or RLinf checkpoint imported on the fly (:func:`foreign_kind`; the tokenizer found next to it or in
+    the openpi / Hugging Face caches; openpi's model settings recognised from its asset id)."""
+    kind = foreign_kind(path)
+    if kind == "lerobot":
         return load_lerobot(path, device=device)
+    if kind is not None:
+        return openpi.load_openpi(path, device=device)
     return load_policy(path, device=device)

@@ -13,8 +13,7 @@ from typing import Any, Literal
 import torch
 
 from vla_rl.checkpoint.folders import read_yaml_file
-from vla_rl.checkpoint.lerobot import is_lerobot_folder
-from vla_rl.checkpoint.policy import load_any_policy
+from vla_rl.checkpoint.policy import foreign_kind, load_any_policy
 from vla_rl.checkpoint.training import checkpoint_dir, latest_checkpoint
 from vla_rl.core.outputs import EVAL_FILE, check_output
 from vla_rl.core.progress import progress
@@ -206,7 +205,7 @@ def checkpoint_env_config(path: str | Path, env_overrides: dict):
     path = Path(path)
     if (path / "train_config.yaml").is_file():
         env_dict = read_yaml_file(path / "train_config.yaml").get("env", {})
-    elif is_lerobot_folder(path):   # a LeRobot checkpoint names no env of ours: the overrides say which
+    elif foreign_kind(path) is not None:   # another framework's checkpoint names no env of ours: overrides say
         env_dict = {}
     else:
         env_dict = dict(read_yaml_file(path / "config.yaml").get("env_config") or {})
