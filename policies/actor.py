@@ -53,6 +53,7 @@ class Observation:
 
     inputs: dict[str, Tensor]
     prefix: Prefix
+    state: Tensor | None = None   # the env state [N, s] as observed (for a policy with relative action dims)
 
 
 @dataclass
@@ -139,19 +140,24 @@ class Actor:
                 out[key] = obs[key]
         return out
 
-    def model_actions(self, actions: Tensor) -> Tensor:
-        """Env-unit actions ``[..., a]`` -> normalised model actions ``[..., A]`` (padded with 0)."""
-        return actions_to_model(self.norm, actions.to(self.model.device, torch.float32), self.model.cfg.action_dim)
+    def model_actions(self, actions: Tensor, state: Tensor | None = None) -> Tensor:
+        """Env-unit actions ``[..., a]`` -> normalised model actions ``[..., A]`` (padded with 0); ``state``: the env
+        state they were taken in (``[N, s]`` for chunks ``[N, H, a]``), needed by a policy with relative action
+        dims (:attr:`NormStats.relative_actions`)."""
+        return actions_to_model(self.norm, actions.to(self.model.device, torch.float32), self.model.cfg.action_dim,
+                                state)
 
-    def env_actions(self, x: Tensor) -> Tensor:
-        """Model actions ``[..., A]`` -> env units ``[..., a]``, clipped to the action bounds."""
-        return actions_from_model(self.norm, x, self.env_action_dim, self.action_low, self.action_high)
+    def env_actions(self, x: Tensor, state: Tensor | None = None) -> Tensor:
+        """Model actions ``[..., A]`` -> env units ``[..., a]``, clipped to the action bounds (``state``: as in
+        :meth:`model_actions`)."""
+        return actions_from_model(self.norm, x, self.env_action_dim, self.action_low, self.action_high, state)
 
     def observe(self, obs: dict, *, hidden: bool = True) -> Observation:
         """An env observation as the model's prepared inputs and their prefix (``hidden=False``: without the last
         prefix layer's outputs, which only a prefix-sourced value head reads)."""
         inputs = self.model.prepare(self.model_obs(obs))
-        return Observation(inputs, self.prefix(inputs, hidden=hidden))
+        state = obs["state"].to(self.model.device, torch.float32) if self.norm.relative_actions else None
+        return Observation(inputs, self.prefix(inputs, hidden=hidden), state)
 
     def prefix(self, inputs: dict[str, Tensor], *, hidden: bool = True) -> Prefix:
         """The prefix of prepared model inputs (:attr:`Observation.inputs`, e.g. as a rollout stored them)."""
@@ -163,7 +169,7 @@ class Actor:
         use instead of drawing them from ``generator`` (same numbers: :meth:`draw` with that generator);
         ``execute``: the actions of each chunk the env will run (the entropy counts those)."""
         s = self._sample(seen.prefix, sampler, generator=generator, draws=draws)
-        return Act(actions=self.env_actions(s.actions), chain=s.chain, stochastic=s.stochastic,
+        return Act(actions=self.env_actions(s.actions, seen.state), chain=s.chain, stochastic=s.stochastic,
                    log_probs=s.log_probs,
                    entropy=flow.mean_entropy(s.entropy, s.stochastic, executed=execute, dim_mask=self.dim_mask),
                    value=self.model.value(seen.prefix))
@@ -231,9 +237,11 @@ class Actor:
         noise, densities, chain, std or value head, nor the prefix's unread last-layer outputs); the stochastic
         samplers need their step noise and sample as :meth:`act` does (without the value)."""
         if sampler.method != "ode":
-            return self.env_actions(self._sample(self.observe(obs).prefix, sampler, generator=generator,
-                                                 draws=draws).actions)
-        prefix = self.observe(obs, hidden=False).prefix
+            seen = self.observe(obs)
+            return self.env_actions(self._sample(seen.prefix, sampler, generator=generator, draws=draws).actions,
+                                    seen.state)
+        seen = self.observe(obs, hidden=False)
+        prefix = seen.prefix
         cfg = self.model.cfg
         if draws is not None:
             if draws.initial.shape[0] != prefix.batch_size:
@@ -242,4 +250,4 @@ class Actor:
         else:
             noise = torch.randn(prefix.batch_size, cfg.action_horizon, cfg.action_dim, generator=generator,
                                 device=self.model.device)
-        return self.env_actions(self.denoiser(prefix, noise, num_steps=sampler.num_steps))
+        return self.env_actions(self.denoiser(prefix, noise, num_steps=sampler.num_steps), seen.state)

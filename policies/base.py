@@ -23,7 +23,14 @@ from torch import Tensor, nn
 
 from vla_rl.core.shapes import Bool, Float
 from vla_rl.policies.layers import sincos_time_embedding
-from vla_rl.policies.tokenizer import FILE_TOKENIZERS, discretize_state, pi0_prompt, pi05_prompt, tokenize
+from vla_rl.policies.tokenizer import (
+    FILE_TOKENIZERS,
+    clean_task,
+    discretize_state,
+    pi0_prompt,
+    pi05_prompt,
+    tokenize,
+)
 
 
 @dataclass
@@ -108,9 +115,13 @@ class FlowVLABase(nn.Module):
         ``[N, S]``, "task\\n" (π0's and SmolVLA's newline step) for a policy with a file tokenizer, the instruction
         itself otherwise."""
         if self.cfg.state_input == "prompt":
+            if self.cfg.state_prompt_dims:
+                state = state[:, : self.cfg.state_prompt_dims]
             bins = discretize_state(state, self.cfg.state_bins).tolist()
             return [pi05_prompt(text, row) for text, row in zip(instructions, bins)]
         if self.cfg.tokenizer in FILE_TOKENIZERS:
+            if self.cfg.clean_prompt:
+                instructions = [clean_task(text) for text in instructions]
             return [pi0_prompt(text) for text in instructions]
         return list(instructions)
 

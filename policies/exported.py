@@ -41,7 +41,7 @@ from vla_rl.core.schema import from_dict, to_dict
 from vla_rl.policies.architectures import make_policy
 from vla_rl.policies.inference import CompileMode, Denoiser, cast_weights
 from vla_rl.policies.layers import resize_with_pad
-from vla_rl.policies.normalize import NormStats, actions_from_model, state_to_model
+from vla_rl.policies.normalize import NormStats, actions_from_model, read_meta, state_to_model
 from vla_rl.policies.policy_config import PolicyConfig
 from vla_rl.policies.seam import FlowVLA
 from vla_rl.policies.tokenizer import FILE_TOKENIZERS, TokenizerError
@@ -367,7 +367,8 @@ class ExportedPolicy:
         n = batch.size
         images = torch.stack(cams, dim=1) if cams else torch.zeros(n, 0, size, size, 3, dtype=torch.uint8,
                                                                     device=dev)
-        state = state_to_model(self.norm, torch.from_numpy(batch.state).to(dev), cfg.state_dim)
+        raw_state = torch.from_numpy(batch.state).to(dev)
+        state = state_to_model(self.norm, raw_state, cfg.state_dim)
         prefix = self.model.encode_prefix({"images": images, "state": state, "instruction": batch.prompts},
                                           hidden=False)
         # Noise is drawn on the CPU, so a seed gives the same chunk on any device.
@@ -376,9 +377,9 @@ class ExportedPolicy:
         x = self.denoiser(prefix, noise, num_steps=self.spec.num_steps)
         low, high = self.spec.action_low, self.spec.action_high
         if low is None and high is None:
-            actions = self.norm.action.unnormalize(x[..., : self.spec.action_dim], self.norm.mode)
+            actions = actions_from_model(self.norm, x, self.spec.action_dim, -float("inf"), float("inf"), raw_state)
         else:
-            actions = actions_from_model(self.norm, x, self.spec.action_dim, low, high)
+            actions = actions_from_model(self.norm, x, self.spec.action_dim, low, high, raw_state)
         out = actions.cpu().numpy().astype(np.float32)
         if not np.isfinite(out).all():   # the weights are finite (checked at load): the input drove it there
             raise ObservationError("the policy's actions are not finite for this observation (its state or images "
@@ -455,18 +456,18 @@ def read_export_config(path: str | Path) -> tuple[PolicyConfig, NormStats, Expor
         cfg = from_dict(PolicyConfig, config.get("policy"), prefix="policy")
         spec = from_dict(ExportSpec, _read_json(path / "spec.json"), prefix="spec")
         normalization = config.get("normalization")
-        if not isinstance(normalization, dict) or set(normalization) != {"mode", "hidden_state_dims"}:
-            raise ConfigError("normalization must hold exactly 'mode' and 'hidden_state_dims'")
-        mode, hidden = normalization["mode"], normalization["hidden_state_dims"]
-        if mode not in ("mean_std", "quantile"):
-            raise ConfigError(f"normalization.mode {mode!r} is not 'mean_std' or 'quantile'")
-        if not isinstance(hidden, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in hidden):
-            raise ConfigError(f"normalization.hidden_state_dims must be a list of ints, got {hidden!r}")
+        if not isinstance(normalization, dict) or not {"mode", "hidden_state_dims"} <= set(normalization):
+            raise ConfigError("normalization must hold 'mode' and 'hidden_state_dims' (and optionally "
+                              "'relative_action_dims')")
+        try:
+            mode, hidden, relative = read_meta(normalization)
+        except (KeyError, ValueError) as e:
+            raise ConfigError(str(e)) from None
         stats = _read_tensors(path / "norm_stats.safetensors")
         bad = sorted(k for k, v in stats.items() if v.is_floating_point() and not bool(torch.isfinite(v).all()))
         if bad:
             raise ExportError(f"{path}/norm_stats.safetensors: {bad[0]} contains NaN or inf")
-        norm = NormStats.from_tensors(stats, mode, tuple(hidden))
+        norm = NormStats.from_tensors(stats, mode, hidden, relative)
     except (ConfigError, ValueError) as e:
         raise ExportError(f"{path}: {e}") from None
     check_consistency(cfg, spec, norm)

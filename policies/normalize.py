@@ -87,6 +87,7 @@ class NormStats:
     action: Stats
     mode: Mode = "mean_std"
     hidden_state: tuple[int, ...] = ()
+    relative_actions: tuple[int, ...] = ()
 
     def __post_init__(self):
         dim = self.state.mean.shape[0]
@@ -94,6 +95,12 @@ class NormStats:
         if bad:
             raise ValueError(f"hidden state dims {bad} are outside the state's {dim} dims")
         self.hidden_state = tuple(sorted(set(int(i) for i in self.hidden_state)))
+        adim = self.action.mean.shape[0]
+        bad = [i for i in self.relative_actions if not 0 <= i < min(dim, adim)]
+        if bad:
+            raise ValueError(f"relative action dims {bad} must be both action dims (0..{adim - 1}) and state dims "
+                             f"(0..{dim - 1})")
+        self.relative_actions = tuple(sorted(set(int(i) for i in self.relative_actions)))
 
     def normalize_state(self, x: Tensor) -> Tensor:
         """Normalised state, with the hidden dims set to 0 (the mean of a normalised dim)."""
@@ -106,8 +113,38 @@ class NormStats:
         return {**self.state.to_dict("state"), **self.action.to_dict("action")}
 
     @staticmethod
-    def from_tensors(d: dict[str, Tensor], mode: Mode, hidden_state: tuple[int, ...] = ()) -> NormStats:
-        return NormStats(Stats.from_dict(d, "state"), Stats.from_dict(d, "action"), mode, tuple(hidden_state))
+    def from_tensors(d: dict[str, Tensor], mode: Mode, hidden_state: tuple[int, ...] = (),
+                     relative_actions: tuple[int, ...] = ()) -> NormStats:
+        return NormStats(Stats.from_dict(d, "state"), Stats.from_dict(d, "action"), mode, tuple(hidden_state),
+                         tuple(relative_actions))
+
+    def meta(self) -> dict:
+        """What ``config.yaml``'s ``normalization`` section records (:func:`read_meta` reads it back)."""
+        out = {"mode": self.mode, "hidden_state_dims": list(self.hidden_state)}
+        if self.relative_actions:
+            out["relative_action_dims"] = list(self.relative_actions)
+        return out
+
+
+def _int_list(value, name: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        raise ValueError(f"normalization.{name} must be a list of ints, got {value!r}")
+    return tuple(value)
+
+
+def read_meta(meta: dict) -> tuple[Mode, tuple[int, ...], tuple[int, ...]]:
+    """(mode, hidden state dims, relative action dims) of a ``normalization`` section (:meth:`NormStats.meta`);
+    ValueError / KeyError name what is wrong."""
+    if not isinstance(meta, dict):
+        raise ValueError(f"normalization must be a mapping, got {meta!r}")
+    unknown = sorted(set(meta) - {"mode", "hidden_state_dims", "relative_action_dims"})
+    if unknown:
+        raise ValueError(f"normalization has unknown key(s) {unknown}")
+    mode = meta["mode"]
+    if mode not in ("mean_std", "quantile"):
+        raise ValueError(f"normalization.mode {mode!r} is not 'mean_std' or 'quantile'")
+    return (mode, _int_list(meta.get("hidden_state_dims") or [], "hidden_state_dims"),
+            _int_list(meta.get("relative_action_dims") or [], "relative_action_dims"))
 
 
 def parse_dims(spec: str | int | list | tuple | None, dim: int) -> tuple[int, ...]:
@@ -156,16 +193,37 @@ def state_to_model(norm: NormStats, state: Tensor, model_dim: int) -> Tensor:
     return torch.nn.functional.pad(x, (0, model_dim - dim)) if model_dim > dim else x
 
 
-def actions_to_model(norm: NormStats, actions: Tensor, model_dim: int) -> Tensor:
-    """Robot-unit actions ``[..., a]`` -> normalised model actions ``[..., A]`` (zero-padded to A)."""
+def _offset(norm: NormStats, actions: Tensor, state: Tensor | None, sign: float) -> Tensor:
+    """``actions`` ``[..., a]`` (or ``[N, H, a]`` for a state ``[N, s]``) with ``sign`` * the robot state added on
+    the relative action dims (openpi's ``DeltaActions`` / ``AbsoluteActions``: pi0_libero's arm dims are offsets from
+    the state of the observation the chunk was sampled for)."""
+    if not norm.relative_actions:
+        return actions
+    if state is None:
+        raise ValueError(f"this policy's action dims {list(norm.relative_actions)} are offsets from the state: "
+                         "the state is needed to convert its actions")
+    idx = list(norm.relative_actions)
+    s = state.to(actions.device, actions.dtype)[..., idx]
+    if actions.dim() == state.dim() + 1:   # a chunk per state: the same offset for every step
+        s = s.unsqueeze(-2)
+    out = actions.clone()
+    out[..., idx] = out[..., idx] + sign * s
+    return out
+
+
+def actions_to_model(norm: NormStats, actions: Tensor, model_dim: int, state: Tensor | None = None) -> Tensor:
+    """Robot-unit actions ``[..., a]`` -> normalised model actions ``[..., A]`` (zero-padded to A); ``state``: the
+    robot state the actions are relative to, for a policy with relative action dims."""
     dim = actions.shape[-1]
     if dim > model_dim:
         raise ValueError(f"actions have {dim} dims, more than the model's {model_dim}")
-    x = norm.action.normalize(actions, norm.mode)
+    x = norm.action.normalize(_offset(norm, actions, state, -1.0), norm.mode)
     return torch.nn.functional.pad(x, (0, model_dim - dim)) if model_dim > dim else x
 
 
-def actions_from_model(norm: NormStats, x: Tensor, dim: int, low: float | Tensor, high: float | Tensor) -> Tensor:
-    """Model actions ``[..., A]`` -> robot units ``[..., a]`` (the first ``dim`` dims), clipped to [low, high]."""
-    a = norm.action.unnormalize(x[..., :dim], norm.mode)
+def actions_from_model(norm: NormStats, x: Tensor, dim: int, low: float | Tensor, high: float | Tensor,
+                       state: Tensor | None = None) -> Tensor:
+    """Model actions ``[..., A]`` -> robot units ``[..., a]`` (the first ``dim`` dims), clipped to [low, high];
+    ``state``: the robot state, for a policy with relative action dims."""
+    a = _offset(norm, norm.action.unnormalize(x[..., :dim], norm.mode), state, 1.0)
     return a.clamp(low, high)

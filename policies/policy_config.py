@@ -126,6 +126,12 @@ class PolicyConfig:
                      "state weights; \"none\": the policy does not see the state (openpi's pi05_libero: "
                      "discrete_state_input false).")
     state_bins: int = ranged(256, 2, doc="bins per state dim (state_input discrete or prompt)")
+    clean_prompt: bool = setting(False, doc="π0's prompt (a file tokenizer, state not in the prompt): strip the task "
+                                            "and turn '_' and newlines into spaces before the closing newline, as "
+                                            "openpi's PaligemmaTokenizer does (LeRobot's π0 only appends the newline)")
+    state_prompt_dims: int = nonneg(0, doc="state_input prompt: how many leading (normalised) state dims the prompt "
+                                           "writes; 0: all state_dim of them, zero padding included (LeRobot's "
+                                           "pi05); openpi writes the robot's own dims only (8 on LIBERO / DROID)")
     value_source: Literal["expert", "prefix"] = setting(
         "expert", doc="\"expert\": value read from the action expert's output (π0 style); \"prefix\": from the prefix "
                       "(π0.5).")

@@ -157,10 +157,15 @@ def discretize_state(state: torch.Tensor, bins: int = 256) -> torch.Tensor:
     return torch.bucketize(state.double(), edges, right=True) - 1
 
 
+def clean_task(task: str) -> str:
+    """openpi's ``PaligemmaTokenizer`` cleaning of a task: stripped, ``_`` and newlines as spaces."""
+    return task.strip().replace("_", " ").replace("\n", " ")
+
+
 def pi05_prompt(task: str, state_bins: list[int]) -> str:
     """π0.5's prompt (openpi's ``PaligemmaTokenizer`` / LeRobot's state-tokenizer step): the cleaned task and the
     discretised state as text."""
-    cleaned = task.strip().replace("_", " ").replace("\n", " ")
+    cleaned = clean_task(task)
     return f"Task: {cleaned}, State: {' '.join(str(int(b)) for b in state_bins)};\nAction: "
 
 

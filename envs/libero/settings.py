@@ -70,16 +70,22 @@ def libero_env_config(config: dict, model_cfg, env_overrides: dict | None = None
         raise CheckpointError(f"the model has state/action dims {model_cfg.state_dim}/{model_cfg.action_dim}; "
                               f"LIBERO needs at least {state_dim}/{ACTION_DIM}")
     n_cams = model_cfg.num_cameras
+    # A model that masks missing camera slots (π0's third, right-wrist slot) takes LIBERO's two in its first ones.
+    fits = [k for k in sorted(CAMERA_SETS, reverse=True) if k <= n_cams] if model_cfg.missing_cameras == "mask" \
+        else [n_cams] if n_cams in CAMERA_SETS else []
     if "cameras" not in opts:
-        if n_cams not in CAMERA_SETS:
+        if not fits:
             raise CheckpointError(f"the model takes {n_cams} camera(s); LIBERO has 1 (agentview) or 2 "
                                   "(agentview, wrist)")
-        opts["cameras"] = list(CAMERA_SETS[n_cams])
-    elif len(opts["cameras"]) != n_cams:
+        opts["cameras"] = list(CAMERA_SETS[fits[0]])
+    elif len(opts["cameras"]) != n_cams and not (model_cfg.missing_cameras == "mask"
+                                                 and 0 < len(opts["cameras"]) <= n_cams):
         raise CheckpointError(f"env.cameras={list(opts['cameras'])} gives {len(opts['cameras'])} camera(s), the "
                               f"model takes {n_cams}")
     size = model_cfg.vision.image_size
-    if n_cams and opts.setdefault("image_size", size) != size:
+    # Frames of another size are resized with padding by a `pad` policy (openpi's LIBERO client renders 256 px for
+    # a 224 px model); a `stretch` policy was trained on frames of its own size.
+    if n_cams and opts.setdefault("image_size", size) != size and model_cfg.image_resize != "pad":
         raise CheckpointError(f"env.image_size={opts['image_size']}, but the model takes {size}px images")
     try:
         return from_dict(LiberoConfig, opts, prefix="env")

@@ -368,6 +368,7 @@ class Opened:
     normalization: dict
     kind: str
     notes: list[str]
+    extra: dict | None = None   # more config.yaml sections (an openpi LIBERO policy's env_config and deploy)
 
 
 def open_lerobot(family: Family, src: Path, lr: dict, overrides: dict | None) -> Opened:
@@ -391,8 +392,8 @@ def load_opened(opened: Opened, tok_path: Path | None, *, device="cpu",
     model.load_state_dict(state, assign=True, strict=True)
     del state
     model.set_tokenizer(tok)
-    config = {"format_version": FORMAT_VERSION, "policy": to_dict(cfg),
-              "normalization": {"mode": opened.norm.mode, "hidden_state_dims": []}, "source": opened.source}
+    config = {"format_version": FORMAT_VERSION, "policy": to_dict(cfg), "normalization": opened.norm.meta(),
+              "source": opened.source, **(opened.extra or {})}
     return model.to(device).eval(), opened.norm, config
 
 
@@ -411,9 +412,8 @@ def write_opened(opened: Opened, tok_path: Path, out: str | Path, *, dtype: str 
         tensors[name] = t
         if progress is not None:
             progress(min(i + 1, total), total)
-    config = {"format_version": FORMAT_VERSION, "policy": to_dict(cfg),
-              "normalization": {"mode": opened.norm.mode, "hidden_state_dims": []},
-              "source": {**opened.source, "dtype": dtype, "notes": opened.notes}}
+    config = {"format_version": FORMAT_VERSION, "policy": to_dict(cfg), "normalization": opened.norm.meta(),
+              "source": {**opened.source, "dtype": dtype, "notes": opened.notes}, **(opened.extra or {})}
     out = Path(out)
     n_params = sum(t.numel() for t in tensors.values())
     with atomic_folder(out) as tmp:

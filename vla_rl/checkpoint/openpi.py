@@ -26,6 +26,7 @@ maps (std + 1e-6; q99 + 1e-6).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -75,6 +76,9 @@ class ModelSettings:
     max_token_len: int | None = None   # openpi: 200 for π0.5, 48 for π0
     discrete_state_input: bool | None = None   # openpi: True for π0.5
     asset_id: str | None = None
+    delta_action_dims: tuple[int, ...] = ()   # LeRobotLiberoDataConfig(extra_delta_transform): offsets from the state
+    env: dict | None = None   # the env config its example client runs (LIBERO: rot180 frames rendered at 256 px)
+    execute: int | None = None   # actions run per chunk before asking again (LIBERO example: replan_steps 5)
 
     @property
     def tokens(self) -> int:
@@ -85,14 +89,20 @@ class ModelSettings:
         return self.pi05 if self.discrete_state_input is None else self.discrete_state_input
 
 
+# What openpi's LIBERO example client (examples/libero/main.py) runs: frames rotated 180 degrees, rendered at 256 px
+# (then resized with padding to 224 by the policy).
+LIBERO_CLIENT = {"kind": "libero", "libero": {"image_orientation": "rot180", "image_size": 256}}
+NUM_STEPS = 10   # openpi's sample_actions default: what its policies serve with
+
 # openpi's (src/openpi/training/config.py at 15a9616) and RLinf's (rlinf/models/embodiment/openpi/dataconfig)
 # training configs for π0 / π0.5, by name.
 CONFIGS: dict[str, ModelSettings] = {
     "pi0_base": ModelSettings(pi05=False),
     "pi05_base": ModelSettings(pi05=True),
-    "pi0_libero": ModelSettings(pi05=False, asset_id="physical-intelligence/libero"),
+    "pi0_libero": ModelSettings(pi05=False, asset_id="physical-intelligence/libero", delta_action_dims=tuple(range(6)),
+                                env=LIBERO_CLIENT, execute=5),
     "pi05_libero": ModelSettings(pi05=True, action_horizon=10, discrete_state_input=False,
-                                 asset_id="physical-intelligence/libero"),
+                                 asset_id="physical-intelligence/libero", env=LIBERO_CLIENT, execute=5),
     "pi0_droid": ModelSettings(pi05=False, action_horizon=10, asset_id="droid"),
     "pi05_droid": ModelSettings(pi05=True, action_horizon=15, asset_id="droid"),
     "pi0_maniskill": ModelSettings(pi05=False, asset_id="physical-intelligence/maniskill"),
@@ -208,9 +218,10 @@ def _stats_of(block: dict, key: str, path: Path, quantile: bool) -> Stats:
     return Stats(mean.float(), std.float(), q01.float(), q99.float())
 
 
-def read_norm_stats(path: Path, pi05: bool) -> NormStats:
+def read_norm_stats(path: Path, pi05: bool, relative: tuple[int, ...] = ()) -> NormStats:
     """openpi's ``norm_stats.json`` as our :class:`NormStats`: quantiles for π0.5, mean / std for π0 (openpi's
-    choice, ``use_quantile_norm = model_type != PI0``)."""
+    choice, ``use_quantile_norm = model_type != PI0``); ``relative``: action dims that are offsets from the state
+    (openpi's ``DeltaActions`` / ``AbsoluteActions``)."""
     try:
         data = json.loads(path.read_text())
         stats = data["norm_stats"]
@@ -220,8 +231,11 @@ def read_norm_stats(path: Path, pi05: bool) -> NormStats:
     except (KeyError, TypeError):
         raise OpenpiImportError(f"{path} is not openpi's norm stats format ({{\"norm_stats\": {{\"state\": ..., "
                                 "\"actions\": ...}}}})") from None
-    return NormStats(_stats_of(state, "state", path, pi05), _stats_of(actions, "actions", path, pi05),
-                     "quantile" if pi05 else "mean_std")
+    s, a = _stats_of(state, "state", path, pi05), _stats_of(actions, "actions", path, pi05)
+    try:
+        return NormStats(s, a, "quantile" if pi05 else "mean_std", relative_actions=relative)
+    except ValueError as e:
+        raise OpenpiImportError(f"{path}: {e}") from None
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -301,7 +315,7 @@ def _settings(pi05: bool, config: str | None, asset_id: str | None, horizon: int
         else:
             s, how = ModelSettings(pi05=pi05), "openpi's Pi0Config defaults (no --config given)"
     if horizon is not None and horizon != s.action_horizon:
-        s = ModelSettings(s.pi05, horizon, s.max_token_len, s.discrete_state_input, s.asset_id)
+        s = dataclasses.replace(s, action_horizon=horizon)
         how += f"; action_horizon {horizon} from config.json"
     return s, how
 
@@ -376,25 +390,34 @@ def open_checkpoint(src: str | Path, *, config: str | None = None, asset_id: str
         # RLinf's in float64): ~1e-4 apart in one denoising step on the twins. Reproduce the implementation the
         # checkpoint comes from.
         over.setdefault("time_embedding_precision", "float32")
+    norm = read_norm_stats(stats_file, pi05, settings.delta_action_dims)
+    over.setdefault("clean_prompt", True)   # PaligemmaTokenizer.tokenize: strip, "_" and "\n" -> " "
     if pi05 and not settings.state_in_prompt:
         over.setdefault("state_input", "none")
+    elif pi05:   # openpi discretises the normalised state before padding it: the robot's own dims only
+        over.setdefault("state_prompt_dims", int(norm.state.mean.shape[0]))
     family = _family(skipped)
     try:
         cfg = family.infer_config(root, lr, shapes, over)
     except LeRobotImportError as e:
         raise OpenpiImportError(str(e).replace("vla-rl import lerobot", f"vla-rl import {fmt or 'openpi'}")
                                 .replace("a LeRobot π0 / π0.5", "an openpi π0 / π0.5")) from None
-    norm = read_norm_stats(stats_file, pi05)
     label = {"openpi-jax": "openpi JAX", "openpi-pytorch": "openpi PyTorch", "rlinf": "RLinf"}[kind]
     notes = [f"model settings from {how}: action_horizon {cfg.action_horizon}, max_text_tokens "
              f"{cfg.max_text_tokens}, state_input {cfg.state_input}", *notes,
              "the Flow-Noise std head and the value head start fresh (std at the middle of "
              f"[{cfg.noise_std_min}, {cfg.noise_std_max}], value 0)"]
+    if norm.relative_actions:
+        notes.append(f"action dims {list(norm.relative_actions)} are offsets from the state (openpi's "
+                     "extra_delta_transform): the policy adds the state back, as openpi's AbsoluteActions does")
     source = {"format": kind, "path": str(src.resolve()), "type": lr["type"], "asset_id": aid,
               "norm_stats": str(stats_file.resolve()), "normalization": {"state": norm.mode, "action": norm.mode},
               "settings": how}
+    # How openpi runs it, as defaults of our evaluation and export (deploy: like an SFT policy's sft section).
+    deploy = {"sampler": {"num_steps": NUM_STEPS}, "execute": settings.execute or cfg.action_horizon}
+    extra = {"deploy": deploy, **({"env_config": settings.env} if settings.env else {})}
     opened = Opened(family, weights, cfg, norm, source, {"state": norm.mode, "action": norm.mode},
-                    f"{label} {'π0.5' if pi05 else 'π0'}", notes)
+                    f"{label} {'π0.5' if pi05 else 'π0'}", notes, extra)
     return opened, root
 
 

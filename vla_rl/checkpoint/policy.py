@@ -24,7 +24,7 @@ from vla_rl.core.ranges import ConfigError
 from vla_rl.core.schema import from_dict, to_dict
 from vla_rl.policies import lora
 from vla_rl.policies.architectures import make_policy
-from vla_rl.policies.normalize import NormStats
+from vla_rl.policies.normalize import NormStats, read_meta
 from vla_rl.policies.policy_config import PolicyConfig
 from vla_rl.policies.seam import FlowVLA
 from vla_rl.policies.tokenizer import FILE_TOKENIZERS, TokenizerError
@@ -35,8 +35,7 @@ def policy_files(model: FlowVLA, norm: NormStats, meta: dict | None = None) -> t
     LoRA adapters keeps its base weights in ``model.safetensors`` (the keys of the plain policy) and the adapters
     in ``adapters.safetensors``, described by ``config.yaml``'s ``lora`` entry; loading merges them."""
     config = {"format_version": FORMAT_VERSION, "policy": to_dict(model.cfg),
-              "normalization": {"mode": norm.mode,
-                                "hidden_state_dims": list(norm.hidden_state)}, **(meta or {})}
+              "normalization": norm.meta(), **(meta or {})}
     base, adapters = lora.split_state(model.state_dict())
     tensors = {"model": base, "norm_stats": norm.to_tensors()}
     if adapters:
@@ -77,10 +76,7 @@ def load_policy(path: str | Path, device="cpu") -> tuple[FlowVLA, NormStats, dic
         raise CheckpointError(f"{path}: unsupported checkpoint format_version {config.get('format_version')!r}")
     try:
         cfg = from_dict(PolicyConfig, config.get("policy", {}), prefix="policy")
-        mode = config["normalization"]["mode"]
-        hidden = config["normalization"].get("hidden_state_dims") or []
-        if not isinstance(hidden, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in hidden):
-            raise ValueError(f"normalization.hidden_state_dims must be a list of ints, got {hidden!r}")
+        mode, hidden, relative = read_meta(config["normalization"])
     except (ConfigError, KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{path}/config.yaml: {e}") from None
     with torch.device("meta"):
@@ -97,7 +93,7 @@ def load_policy(path: str | Path, device="cpu") -> tuple[FlowVLA, NormStats, dic
         except (TokenizerError, ValueError) as e:
             raise CheckpointError(f"{path}: {e}") from None
     try:
-        norm = NormStats.from_tensors(read_tensors(path / "norm_stats.safetensors"), mode, tuple(hidden))
+        norm = NormStats.from_tensors(read_tensors(path / "norm_stats.safetensors"), mode, hidden, relative)
     except ValueError as e:
         raise CheckpointError(f"{path}: {e}") from None
     return model.to(device).eval(), norm, config

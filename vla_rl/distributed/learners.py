@@ -48,6 +48,7 @@ class LearnerSpec:
     norm: dict[str, Tensor]
     norm_mode: str
     hidden_state: tuple[int, ...]
+    relative_actions: tuple[int, ...]
     env_state_dim: int
     env_action_dim: int
     action_low: float
@@ -65,7 +66,8 @@ class LearnerSpec:
         return LearnerSpec(
             policy=model.cfg, weights={k: v.detach().cpu() for k, v in model.state_dict().items()},
             norm={k: v.cpu() for k, v in actor.norm.to_tensors().items()}, norm_mode=actor.norm.mode,
-            hidden_state=tuple(actor.norm.hidden_state), env_state_dim=actor.env_state_dim,
+            hidden_state=tuple(actor.norm.hidden_state), relative_actions=tuple(actor.norm.relative_actions),
+            env_state_dim=actor.env_state_dim,
             env_action_dim=actor.env_action_dim, action_low=actor.action_low, action_high=actor.action_high,
             learner=learner.cfg, algorithm=learner.algorithm, bf16=learner.bf16,
             total_iterations=learner.total_iterations,
@@ -119,7 +121,7 @@ class LearnerWorker:
         model.load_state_dict(spec.weights)
         # a sharded learner's whole model stays on the CPU: sharding moves each learner's shards to its device
         model = model.to("cpu" if sharded else self.device).eval()
-        norm = NormStats.from_tensors(spec.norm, spec.norm_mode, spec.hidden_state)
+        norm = NormStats.from_tensors(spec.norm, spec.norm_mode, spec.hidden_state, spec.relative_actions)
         actor = Actor(model, norm, env_state_dim=spec.env_state_dim, env_action_dim=spec.env_action_dim,
                       action_low=spec.action_low, action_high=spec.action_high)
         sync = None

@@ -297,6 +297,11 @@ def run_bench(checkpoint: str | Path, cfg: BenchConfig, *, command: list[str] | 
     checkpoint = Path(checkpoint)
     check_output(cfg.out, overwrite=overwrite, kind=BENCH, reuse=True, inputs={"checkpoint": checkpoint})
     model, norm, policy_config = load_any_policy(checkpoint, device=cfg.device)
+    deploy = policy_config.get("deploy") if isinstance(policy_config.get("deploy"), dict) else {}
+    if cfg.execute is None and deploy.get("execute"):   # an imported policy runs as its framework ran it
+        cfg = replace(cfg, execute=int(deploy["execute"]))
+        log(f"execute={cfg.execute} actions per chunk, as the checkpoint's framework runs it (give execute= to "
+            "change)")
     cast_weights(model, cfg.dtype)
     tasks = plan_tasks(checkpoint, cfg, model.cfg, policy_config)
     weights = weights_sha256(checkpoint)

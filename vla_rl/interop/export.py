@@ -40,7 +40,7 @@ from vla_rl.policies.exported import (
     ExportSpec,
     check_consistency,
 )
-from vla_rl.policies.normalize import NormStats
+from vla_rl.policies.normalize import NormStats, read_meta
 from vla_rl.policies.policy_config import PolicyConfig
 from vla_rl.presets import merge
 
@@ -106,7 +106,8 @@ def spec_defaults(folder: Path, cfg: PolicyConfig, norm: NormStats, config: dict
     and, for a training checkpoint, its ``train_config.yaml``. ``source.unknown`` lists what none of them
     recorded; ``source.checkpoint`` is the source's path relative to the export folder ``out``."""
     train = read_yaml_file(folder / "train_config.yaml") if (folder / "train_config.yaml").is_file() else {}
-    sft, demo = _section(config, "sft"), _section(config, "demo")
+    # deploy: how an imported policy's framework ran it (openpi: replan steps, denoising steps)
+    sft, demo = _section(config, "sft") or _section(config, "deploy"), _section(config, "demo")
     env = _section(train, "env") or config.get("env_config") or \
         ({"kind": BUILTIN, BUILTIN: _section(demo, "env")} if demo else {})
     sampler = _section(train, "sampler")
@@ -218,8 +219,8 @@ def export_policy(src: str | Path, out: str | Path, *, dtype: str = "bf16", over
     try:
         cfg = from_dict(PolicyConfig, config.get("policy", {}), prefix="policy")
         normalization = config["normalization"]
-        mode, hidden = normalization["mode"], list(normalization.get("hidden_state_dims") or [])
-        norm = NormStats.from_tensors(read_tensors(folder / "norm_stats.safetensors"), mode, tuple(hidden))
+        mode, hidden, relative = read_meta(normalization)
+        norm = NormStats.from_tensors(read_tensors(folder / "norm_stats.safetensors"), mode, hidden, relative)
     except (ConfigError, KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{folder}/config.yaml: {e}") from None
     try:
@@ -240,7 +241,7 @@ def export_policy(src: str | Path, out: str | Path, *, dtype: str = "bf16", over
         save_file(norm.to_tensors(), str(tmp / "norm_stats.safetensors"))
         (tmp / "config.json").write_text(json.dumps(
             {"format": EXPORT_FORMAT, "dtype": dtype, "policy": policy,
-             "normalization": {"mode": norm.mode, "hidden_state_dims": list(norm.hidden_state)}}, indent=1))
+             "normalization": norm.meta()}, indent=1))
         (tmp / "spec.json").write_text(json.dumps(to_dict(spec), indent=1))
         for name in files:
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)

@@ -76,7 +76,7 @@ def train_sft(actor: Actor, data: DemoDataset, cfg: SFTConfig, *, progress: bool
     model = actor.model
     device = model.device
     chunks, chunk_mask = data.action_chunks(model.cfg.action_horizon)
-    targets = actor.model_actions(chunks)                                 # [M, H, A] normalised
+    targets = actor.model_actions(chunks, data.state)                     # [M, H, A] normalised
     chunk_mask, dim_mask = chunk_mask.to(device), actor.dim_mask
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(cfg.seed)
