@@ -175,3 +175,19 @@ def test_an_imported_libero_policy_carries_openpis_client_settings(tmp_path):
     export_policy(tmp_path / "pol", tmp_path / "exp", dtype="fp32")
     spec = load_exported(tmp_path / "exp").spec
     assert (spec.execute, spec.num_steps, spec.action_horizon) == (5, 10, 10)
+
+
+def test_frames_rendered_at_256_are_resized_as_openpis_client_does():
+    """openpi's LIBERO client turns a 256 px render 180° and resizes it with padding to 224 (PIL bilinear,
+    antialiased, uint8); our env renders rot180 frames and the imported policy (image_antialias: true) resizes them:
+    within one uint8 level (measured: without antialiasing up to 24 levels)."""
+    model, norm, _ = policy("pi05_libero")
+    assert model.cfg.image_antialias
+    a = inputs()
+    renders = [a[f"obs0/render_tile/{c}"].repeat_interleave(4, 0).repeat_interleave(4, 1)
+               for c in ("agentview_image", "robot0_eye_in_hand_image")]
+    frames = [r.flip(0).flip(1)[None] for r in renders]          # env.image_orientation: rot180; one per camera
+    prepared = model.prepare(Actor(model, norm).model_obs({**sent(0), "images": frames}))   # resized as encoded
+    ours = (prepared["images"][0, :2] + 1) / 2 * 255
+    theirs = torch.stack([a["obs0/sent/observation/image"], a["obs0/sent/observation/wrist_image"]]).float()
+    assert (ours - theirs).abs().max().item() <= 1.01

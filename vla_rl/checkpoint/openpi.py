@@ -392,6 +392,8 @@ def open_checkpoint(src: str | Path, *, config: str | None = None, asset_id: str
         over.setdefault("time_embedding_precision", "float32")
     norm = read_norm_stats(stats_file, pi05, settings.delta_action_dims)
     over.setdefault("clean_prompt", True)   # PaligemmaTokenizer.tokenize: strip, "_" and "\n" -> " "
+    # openpi resizes antialiased: its clients with PIL (LIBERO: 256 -> 224 px), its server with jax.image.resize
+    over.setdefault("image_antialias", True)
     if pi05 and not settings.state_in_prompt:
         over.setdefault("state_input", "none")
     elif pi05:   # openpi discretises the normalised state before padding it: the robot's own dims only
