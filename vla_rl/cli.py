@@ -217,6 +217,18 @@ def _sft(args) -> int:
 def _export(args) -> int:
     from vla_rl.interop.export import export_policy, summary, unknown_note
 
+    if args.format == "openpi":
+        from vla_rl.interop.export_openpi import export_openpi
+
+        if args.overrides:
+            raise ConfigError("robot spec overrides are for --format vla-rl; openpi's layout has no robot spec")
+        path = export_openpi(args.src, args.out, dtype=args.dtype, asset_id=args.asset_id, overwrite=args.overwrite)
+        print(f"exported to {path} in openpi's PyTorch layout ({args.dtype}): model.safetensors, config.json, "
+              f"assets/.../norm_stats.json; our RL heads (Flow-Noise std, value) are not part of it")
+        return 0
+    if args.asset_id is not None:
+        raise ConfigError("--asset-id is for --format openpi")
+
     path = export_policy(args.src, args.out, dtype=args.dtype, overrides=parse_overrides(args.overrides),
                          overwrite=args.overwrite)
     s = summary(path)
@@ -459,6 +471,12 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("src", help="policy folder, training run or checkpoint")
     exp.add_argument("out", help="folder to write (an earlier export there is replaced with --overwrite)")
     exp.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="weight dtype (default bf16)")
+    exp.add_argument("--format", choices=["vla-rl", "openpi"], default="vla-rl",
+                     help="vla-rl: a self-contained folder for vla_rl.policies / vla-rl serve (default); openpi: "
+                          "openpi's PyTorch layout (model.safetensors, config.json, assets/<asset_id>/norm_stats.json) "
+                          "for openpi's and RLinf's loaders (π0 / π0.5 only)")
+    exp.add_argument("--asset-id", help="--format openpi: the norm stats' asset id (default: the imported "
+                                        "checkpoint's, else vla-rl)")
     exp.add_argument("overrides", nargs="*", help="robot spec overrides key=value")
     exp.set_defaults(func=_export)
 

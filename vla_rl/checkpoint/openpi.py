@@ -377,6 +377,15 @@ def open_checkpoint(src: str | Path, *, config: str | None = None, asset_id: str
     stats_file, aid = find_norm_stats(root, asset_id, norm_stats)
     horizon = ck_cfg.get("action_horizon")
     settings, how = _settings(pi05, config, aid, int(horizon) if isinstance(horizon, int) else None)
+    ours = ck_cfg.get("vla_rl")
+    if config is None and isinstance(ours, dict) and isinstance(horizon, int):   # vla-rl export --format openpi
+        try:
+            settings = ModelSettings(pi05, horizon, int(ours["max_token_len"]), bool(ours["discrete_state_input"]),
+                                     aid, tuple(int(d) for d in ours.get("delta_action_dims") or ()),
+                                     settings.env, settings.execute)
+        except (KeyError, TypeError, ValueError) as e:
+            raise OpenpiImportError(f"{src}/config.json: its vla_rl section is not understood ({e})") from None
+        how = "the settings vla-rl's export recorded in config.json"
     action_dim = shapes["model.action_in_proj.weight"][1]
     lr = {"type": "pi05" if pi05 else "pi0", "chunk_size": settings.action_horizon,
           "tokenizer_max_length": settings.tokens, "max_state_dim": action_dim,
