@@ -122,7 +122,7 @@ def rlinf_weights(kind: str, folder: Path, dtype=torch.float32, extra: dict | No
               "noise_head.mlp_logvar.moduleList.0.linear_1.weight": torch.randn(4, width),
               "noise_head.logvar_min": torch.tensor([-5.0]), "noise_head.logvar_max": torch.tensor([-3.6])}
     state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()} | (extra or {})
-    f = folder / "global_step_10" / "actor" / "model_state_dict" / "full_weights.pt"
+    f = folder / "actor" / "model_state_dict" / "full_weights.pt"   # folder: a model_path, or a global_step_N
     f.parent.mkdir(parents=True)
     torch.save(state, f)
     stats = folder / "physical-intelligence" / "libero"
@@ -135,7 +135,8 @@ def rlinf_weights(kind: str, folder: Path, dtype=torch.float32, extra: dict | No
 def test_rlinf_full_weights_reproduce_openpi(kind, tmp_path):
     f = rlinf_weights(kind, tmp_path / "model_path")
     out = tmp_path / "imported"
-    report = import_openpi(f.parents[2], out, fmt="rlinf", tokenizer=TOKENIZER, overrides=TINY)
+    src = f if kind == "pi0" else f.parents[2]   # the file, or the model_path folder holding actor/...
+    report = import_openpi(src, out, fmt="rlinf", tokenizer=TOKENIZER, overrides=TINY)
     assert any("RLinf's own value / noise heads" in n for n in report.notes)
     model, _, config = load_policy(out)
     assert config["source"]["format"] == "rlinf"

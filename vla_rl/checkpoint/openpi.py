@@ -346,11 +346,11 @@ def _open_weights(src: Path, kind: str) -> tuple[object, Path, dict, set[str], l
     if heads:
         notes.append(f"RLinf's own value / noise heads ({len(heads)} tensors) have no counterpart here and were "
                      "left out; ours start fresh")
-    root = src if src.is_dir() else f.parent
-    for up in (root, *root.parents[:4]):      # RLinf's model_path holds <repo_id>/norm_stats.json
-        if any(up.glob(f"*/{NORM_FILE}")) or any(up.glob(f"*/*/{NORM_FILE}")) or (up / "assets").is_dir():
-            root = up
-            break
+    # The folder the weights belong to: RLinf's model_path (holding <repo_id>/norm_stats.json) or global_step_N,
+    # above its actor/model_state_dict/ (a training checkpoint has no norm stats: --norm-stats names them).
+    root = f.parent
+    while root.name in ("model_state_dict", "actor") and root != root.parent:
+        root = root.parent
     return weights, root, {}, heads, notes
 
 
