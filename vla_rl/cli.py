@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import json
 import logging
 import math
 import os
@@ -217,6 +218,17 @@ def _sft(args) -> int:
 def _export(args) -> int:
     from vla_rl.interop.export import export_policy, summary, unknown_note
 
+    if args.format == "lerobot":
+        from vla_rl.interop.export_lerobot import NOTES_FILE, export_lerobot
+
+        if args.overrides or args.asset_id is not None:
+            raise ConfigError("robot spec overrides and --asset-id are for other formats; LeRobot's layout has neither")
+        path = export_lerobot(args.src, args.out, dtype=args.dtype, overwrite=args.overwrite)
+        print(f"exported to {path} as a LeRobot 0.6 policy folder ({args.dtype}): config.json, model.safetensors, "
+              "pre/post-processors, tokenizer.model; our RL heads (Flow-Noise std, value) are not part of it")
+        for note in json.loads((path / NOTES_FILE).read_text()).get("not_in_stock_lerobot") or []:
+            print(f"note: {note}")
+        return 0
     if args.format == "openpi":
         from vla_rl.interop.export_openpi import export_openpi
 
@@ -471,10 +483,11 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("src", help="policy folder, training run or checkpoint")
     exp.add_argument("out", help="folder to write (an earlier export there is replaced with --overwrite)")
     exp.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="weight dtype (default bf16)")
-    exp.add_argument("--format", choices=["vla-rl", "openpi"], default="vla-rl",
+    exp.add_argument("--format", choices=["vla-rl", "openpi", "lerobot"], default="vla-rl",
                      help="vla-rl: a self-contained folder for vla_rl.policies / vla-rl serve (default); openpi: "
                           "openpi's PyTorch layout (model.safetensors, config.json, assets/<asset_id>/norm_stats.json) "
-                          "for openpi's and RLinf's loaders (π0 / π0.5 only)")
+                          "for openpi's and RLinf's loaders; lerobot: a LeRobot 0.6 policy folder with its processors "
+                          "(π0 / π0.5 only, both)")
     exp.add_argument("--asset-id", help="--format openpi: the norm stats' asset id (default: the imported "
                                         "checkpoint's, else vla-rl)")
     exp.add_argument("overrides", nargs="*", help="robot spec overrides key=value")

@@ -288,3 +288,33 @@ def test_normalisation_statistics_become_ours():
         torch.testing.assert_close(norm.normalize_state(x), want)
         torch.testing.assert_close(norm.action.unnormalize(x, norm.mode), x * post["action.std"] + post["action.mean"])
         assert modes["state"].startswith("MEAN_STD")
+
+
+@pytest.mark.parametrize("generation, written", [("lerobot-0.4.4", 32), ("lerobot-0.6.1", 8)])
+def test_pi05_prompt_writes_the_state_dims_its_lerobot_wrote(generation, written, tmp_path):
+    """LeRobot 0.4 discretises the state padded to max_state_dim into π0.5's prompt, LeRobot >= 0.5 the robot's own
+    dims (lerobot/policies/pi05/processor_pi05.py at v0.4.4 / v0.5.1): a robot with 8 dims and max_state_dim 32."""
+    folder = tmp_path / "pi05"
+    shutil.copytree(ROOT / generation / "pi05", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["max_state_dim"] = 32
+    cfg["input_features"]["observation.state"]["shape"] = [8]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    model, _, _ = load_lerobot(folder, overrides=TINY)
+    assert model.cfg.state_dim == 32
+    prompt = model.prompts(["pick"], torch.zeros(1, 32))[0]
+    assert len(prompt.split("State: ")[1].split(";")[0].split()) == written
+
+
+def test_empty_cameras_listed_in_input_features_count_once(tmp_path):
+    """LeRobot's config validation adds observation.images.empty_camera_i to input_features; a saved config.json may
+    list them besides empty_cameras."""
+    folder = tmp_path / "pi0"
+    shutil.copytree(FIXTURES / "pi0", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    before = len([f for f in cfg["input_features"].values() if f.get("type") == "VISUAL"])
+    cfg["empty_cameras"] = 1
+    cfg["input_features"]["observation.images.empty_camera_0"] = {"type": "VISUAL", "shape": [3, 224, 224]}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    model, _, _ = load_lerobot(folder, overrides=TINY)
+    assert model.cfg.num_cameras == before + 1 and model.cfg.camera_names[-1] == "empty_camera_0"

@@ -90,8 +90,10 @@ def infer_policy_config(lr: dict, shapes: dict, overrides: dict | None = None) -
     kv_heads = over.get("num_kv_heads", 1)          # every π0 Gemma variant is multi-query (one KV head)
     head_dim = k_rows // kv_heads
     we = _shape(shapes, _EX + "model.layers.0.self_attn.q_proj.weight")[1]
-    cameras = [k for k, f in (lr.get("input_features") or {}).items()
-               if isinstance(f, dict) and f.get("type") == "VISUAL"]
+    # LeRobot's config adds its empty cameras to input_features when it validates them (a saved config.json may
+    # list them): they are counted by empty_cameras alone.
+    cameras = [k for k, f in (lr.get("input_features") or {}).items() if isinstance(f, dict)
+               and f.get("type") == "VISUAL" and not k.split(".")[-1].startswith("empty_camera_")]
     empty = int(lr.get("empty_cameras") or 0)
     names = cameras + [f"empty_camera_{i}" for i in range(empty)]
     resolution = lr.get("image_resolution") or [grid * patch_size] * 2
@@ -99,6 +101,8 @@ def infer_policy_config(lr: dict, shapes: dict, overrides: dict | None = None) -
         raise LeRobotImportError(f"config.json's image_resolution {resolution} does not match SigLIP's "
                                  f"{grid}x{grid} patches of {patch_size}")
     action_in = _shape(shapes, "model.action_in_proj.weight")
+    state_feature = (lr.get("input_features") or {}).get("observation.state") or {}
+    robot_state = int((state_feature.get("shape") or [0])[-1]) if isinstance(state_feature, dict) else 0
     state_dim = _shape(shapes, "model.state_proj.weight")[1] if not pi05 else int(lr.get("max_state_dim", 32))
     base = {
         "arch": "pi05" if pi05 else "pi0",
@@ -118,6 +122,9 @@ def infer_policy_config(lr: dict, shapes: dict, overrides: dict | None = None) -
         "time_min_period": float(lr.get("min_period", 4e-3)), "time_max_period": float(lr.get("max_period", 4.0)),
         "time_embedding_precision": "float64",
         "state_input": "prompt" if pi05 else "suffix", "value_source": "prefix" if pi05 else "expert",
+        # π0.5's prompt: LeRobot 0.4 writes the state padded to max_state_dim, LeRobot >= 0.5 (the files that
+        # store embed_tokens apart, the same release) only the robot's own dims, as openpi does.
+        "state_prompt_dims": robot_state if pi05 and _LM + "embed_tokens.weight" in shapes else 0,
         "value_hidden": min(1024, wp if pi05 else we),
     }
     if layer_count(shapes, _EX + "model.layers.") != base["depth"]:

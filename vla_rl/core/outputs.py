@@ -86,8 +86,8 @@ def _own_kind(path: Path) -> str | None:
         return RUN
     if has("model.safetensors", "trainer_state.yaml"):
         return CHECKPOINT
-    if has("model.safetensors", "spec.json"):
-        return EXPORT
+    if has("model.safetensors", "spec.json") or has("model.safetensors", "vla_rl_export.json"):
+        return EXPORT   # ours, or one in openpi's / LeRobot's layout (vla-rl export --format)
     if has("model.safetensors", "config.yaml"):
         return POLICY
     if has("config.json") and (has("model.safetensors") or _json(path / "config.json").get("type")):

@@ -115,6 +115,9 @@ def export_openpi(src: str | Path, out: str | Path, *, dtype: str = "fp32", asse
         stats = tmp / "assets" / asset_id / NORM_FILE
         stats.parent.mkdir(parents=True)
         stats.write_text(json.dumps(openpi_norm_stats(norm), indent=2) + "\n")
+        (tmp / "vla_rl_export.json").write_text(json.dumps(   # marks the folder as an export (openpi reads neither)
+            {"written_by": "vla-rl export --format openpi", "source": str(Path(folder).resolve()), "dtype": dtype,
+             "left_out": ["the Flow-Noise std head and the value head (RL only)"]}, indent=2) + "\n")
     if not (out / "model.safetensors").is_file():   # pragma: no cover (atomic_folder raises first)
         raise CheckpointError(f"{out}: the export was not written")
     return out
