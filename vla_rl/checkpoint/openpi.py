@@ -50,6 +50,7 @@ from vla_rl.checkpoint.lerobot_format import (
 )
 from vla_rl.checkpoint.openpi_orbax import OrbaxError, OrbaxWeights
 from vla_rl.core.ranges import ConfigError
+from vla_rl.envs.registry import LIBERO
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.policies.seam import FlowVLA
 
@@ -91,7 +92,7 @@ class ModelSettings:
 
 # What openpi's LIBERO example client (examples/libero/main.py) runs: frames rotated 180 degrees, rendered at 256 px
 # (then resized with padding to 224 by the policy).
-LIBERO_CLIENT = {"kind": "libero", "libero": {"image_orientation": "rot180", "image_size": 256}}
+LIBERO_CLIENT = {"kind": LIBERO, LIBERO: {"image_orientation": "rot180", "image_size": 256}}
 NUM_STEPS = 10   # openpi's sample_actions default: what its policies serve with
 
 # openpi's (src/openpi/training/config.py at 15a9616) and RLinf's (rlinf/models/embodiment/openpi/dataconfig)
