@@ -83,6 +83,9 @@ def libero_env_config(config: dict, model_cfg, env_overrides: dict | None = None
         raise CheckpointError(f"env.cameras={list(opts['cameras'])} gives {len(opts['cameras'])} camera(s), the "
                               f"model takes {n_cams}")
     size = model_cfg.vision.image_size
+    deploy = config.get("deploy") if isinstance(config.get("deploy"), dict) else {}
+    if deploy.get("image_size") and model_cfg.image_resize == "pad":   # an imported policy's training frames
+        opts.setdefault("image_size", int(deploy["image_size"]))
     # Frames of another size are resized with padding by a `pad` policy (openpi's LIBERO client renders 256 px for
     # a 224 px model); a `stretch` policy was trained on frames of its own size.
     if n_cams and opts.setdefault("image_size", size) != size and model_cfg.image_resize != "pad":

@@ -318,3 +318,22 @@ def test_empty_cameras_listed_in_input_features_count_once(tmp_path):
     (folder / "config.json").write_text(json.dumps(cfg))
     model, _, _ = load_lerobot(folder, overrides=TINY)
     assert model.cfg.num_cameras == before + 1 and model.cfg.camera_names[-1] == "empty_camera_0"
+
+
+def test_the_camera_resolution_it_was_trained_on_travels(tmp_path):
+    """LeRobot's LIBERO checkpoints were trained on 256 px frames (input_features) for a 224 px encoder: the imported
+    policy asks a LIBERO env for 256 px frames and resizes them itself, as LeRobot's pipeline does."""
+    from vla_rl.envs.libero.settings import libero_env_config
+
+    folder = tmp_path / "pi05"
+    shutil.copytree(ROOT / "lerobot-0.6.1" / "pi05", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    for f in cfg["input_features"].values():
+        if f["type"] == "VISUAL":
+            f["shape"] = [3, 256, 256]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    model, _, config = load_lerobot(folder, overrides=TINY)
+    assert config["deploy"] == {"image_size": 256} and model.cfg.vision.image_size != 256
+    assert libero_env_config(config, model.cfg, {}, None).image_size == 256
+    _, _, plain = load_lerobot(ROOT / "lerobot-0.6.1" / "pi05", overrides=TINY)   # trained at the encoder's size
+    assert "deploy" not in plain

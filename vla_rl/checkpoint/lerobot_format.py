@@ -371,11 +371,26 @@ class Opened:
     extra: dict | None = None   # more config.yaml sections (an openpi LIBERO policy's env_config and deploy)
 
 
+def trained_image_size(lr: dict) -> int | None:
+    """The square camera resolution a LeRobot policy was trained on (``input_features``' VISUAL shapes, e.g. 256 for
+    LeRobot's LIBERO datasets), or None when the cameras differ or are not square."""
+    sizes = {tuple(f.get("shape") or ())[-2:] for k, f in (lr.get("input_features") or {}).items()
+             if isinstance(f, dict) and f.get("type") == "VISUAL" and not k.split(".")[-1].startswith("empty_camera_")}
+    if len(sizes) != 1:
+        return None
+    hw = next(iter(sizes))
+    return int(hw[0]) if len(hw) == 2 and hw[0] == hw[1] and hw[0] > 0 else None
+
+
 def open_lerobot(family: Family, src: Path, lr: dict, overrides: dict | None) -> Opened:
     weights, cfg, norm, modes = open_folder(family, src, lr, overrides)
+    size = trained_image_size(lr)
+    # Frames as the policy was trained on them: an env renders this size and the policy resizes them itself
+    # (LeRobot's LIBERO checkpoints: 256 px frames for a 224 px encoder).
+    extra = {"deploy": {"image_size": size}} if size and size != cfg.vision.image_size else None
     return Opened(family, weights, cfg, norm, {"lerobot": str(src.resolve()), "type": lr["type"],
                                                "normalization": modes},
-                  modes, lr["type"], family.notes(cfg))
+                  modes, lr["type"], family.notes(cfg), extra)
 
 
 def load_opened(opened: Opened, tok_path: Path | None, *, device="cpu",
