@@ -291,17 +291,24 @@ def run_task(actor_for, task: BenchTask, cfg: BenchConfig, out: Path, log) -> di
 
 
 def run_bench(checkpoint: str | Path, cfg: BenchConfig, *, command: list[str] | None = None, log=print,
-              overwrite: bool = False) -> dict:
+              overwrite: bool = False, num_steps_given: bool = True) -> dict:
     """Run (or resume) a bench of ``checkpoint`` into ``cfg.out``; returns the results document. ``overwrite``:
     start over in an ``out`` that holds an earlier bench (or other files; never another kind of data)."""
     checkpoint = Path(checkpoint)
     check_output(cfg.out, overwrite=overwrite, kind=BENCH, reuse=True, inputs={"checkpoint": checkpoint})
     model, norm, policy_config = load_any_policy(checkpoint, device=cfg.device)
     deploy = policy_config.get("deploy") if isinstance(policy_config.get("deploy"), dict) else {}
-    if cfg.execute is None and deploy.get("execute"):   # an imported policy runs as its framework ran it
+    # An imported policy runs as its framework ran it (openpi: 5 actions a chunk, 10 denoising steps), unless the
+    # command says otherwise.
+    if cfg.execute is None and deploy.get("execute"):
         cfg = replace(cfg, execute=int(deploy["execute"]))
         log(f"execute={cfg.execute} actions per chunk, as the checkpoint's framework runs it (give execute= to "
             "change)")
+    steps = (deploy.get("sampler") or {}).get("num_steps") if isinstance(deploy.get("sampler"), dict) else None
+    if not num_steps_given and steps:
+        cfg = replace(cfg, sampler=replace(cfg.sampler, num_steps=int(steps)))
+        log(f"sampler.num_steps={cfg.sampler.num_steps}, as the checkpoint's framework runs it (give "
+            "sampler.num_steps= to change)")
     cast_weights(model, cfg.dtype)
     tasks = plan_tasks(checkpoint, cfg, model.cfg, policy_config)
     weights = weights_sha256(checkpoint)
@@ -519,5 +526,7 @@ def bench_from_cli(checkpoint: str, suite: str, overrides: dict, *, argv: list[s
     if "suite" in overrides:
         raise ConfigError("give the suite with --suite, not suite=")
     cfg = from_dict(BenchConfig, {**overrides, "suite": suite})
+    sampler = overrides.get("sampler")
+    given = "num_steps" in overrides or (isinstance(sampler, dict) and "num_steps" in sampler)
     return run_bench(checkpoint, cfg, command=["vla-rl", *(argv if argv is not None else sys.argv[1:])],
-                     overwrite=overwrite)
+                     overwrite=overwrite, num_steps_given=given)

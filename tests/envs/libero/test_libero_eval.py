@@ -243,3 +243,23 @@ def test_eval_gives_the_same_episodes_with_few_or_many_envs(sft_policy):
             torch.testing.assert_close(x, y, atol=1e-5, rtol=0)
     last = [traces[2][s][-1] for s in sorted(traces[2])]
     assert len({tuple(x.tolist()) for x in last}) == 4          # the episodes differ from each other
+
+
+@needs_libero
+def test_an_imported_openpi_libero_policy_is_benched_as_openpi_runs_it(tmp_path, capsys):
+    """openpi's tiny pi0_libero twin, imported: LIBERO runs it on rot180 frames at 256 px, 5 actions a chunk and 10
+    denoising steps (its folder says so), its arm actions made absolute from the state; no setting given."""
+    from pathlib import Path
+
+    from vla_rl.checkpoint.openpi import import_openpi
+
+    twin = Path(__file__).resolve().parents[2] / "fixtures" / "openpi_tiny"
+    import_openpi(twin / "pi0" / "jax", tmp_path / "pi0_libero", tokenizer=twin / "tokenizer.model")
+    out = tmp_path / "bench"
+    assert main(["bench", str(tmp_path / "pi0_libero"), "--suite", "libero_spatial", "tasks=[0]", "episodes=1",
+                 "env.max_episode_steps=10", "videos=0", f"out={out}", "progress=false"]) == 0
+    printed = capsys.readouterr().out
+    assert "execute=5" in printed and "sampler.num_steps=10" in printed
+    doc = json.loads((out / "tasks" / "libero_spatial" / "0.json").read_text())
+    assert (doc["identity"]["execute"], doc["identity"]["num_steps"]) == (5, 10)
+    assert 1 <= doc["records"][0]["length"] <= 10
