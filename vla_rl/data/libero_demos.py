@@ -132,12 +132,17 @@ class TaskReport:
     succeeded: list[int] = field(default_factory=list)
     failed: dict[int, str] = field(default_factory=dict)  # id -> reason
     lengths: list[int] = field(default_factory=list)     # of the successful episodes
+    unsupported: str | None = None   # the expert has no plan for the task's goal (tried once, not per init state)
 
     def to_dict(self) -> dict:
         return {"task_id": self.task_id, "instruction": self.instruction, "tried": len(self.tried),
                 "succeeded": len(self.succeeded), "success_rate": len(self.succeeded) / max(1, len(self.tried)),
                 "failed": {str(k): v for k, v in self.failed.items()},
-                "mean_length": float(np.mean(self.lengths)) if self.lengths else None}
+                "mean_length": float(np.mean(self.lengths)) if self.lengths else None,
+                "unsupported": self.unsupported}
+
+
+UNSUPPORTED = "unsupported goal"
 
 
 def run_expert_episode(env, task_id: int, init_id: int, *, seed: int, jitter: float = 0.0):
@@ -151,7 +156,7 @@ def run_expert_episode(env, task_id: int, init_id: int, *, seed: int, jitter: fl
         expert = LiberoExpert(plan_goal(sim.parsed_problem["goal_state"], scene), ExpertConfig(jitter=jitter),
                               seed=seed)
     except UnsupportedGoal as e:
-        return [], False, f"unsupported goal: {e}"
+        return [], False, f"{UNSUPPORTED}: {e}"
     frames, done, success = [], False, False
     while not done:
         action = expert.act(scene).astype(np.float32)
@@ -198,6 +203,11 @@ def record_libero_episodes(cfg: LiberoRecordConfig, *, progress: bool = True, lo
                 if cfg.policy == "expert":
                     frames, success, why = run_expert_episode(env, task_id, init_id, seed=cfg.seed + init_id,
                                                               jitter=cfg.jitter)
+                    if not success and why.startswith(UNSUPPORTED):
+                        # The goal is the task's, the same from every init state: say so once and move on.
+                        rep.failed[init_id] = rep.unsupported = why
+                        log(f"task {task_id}: {why}; its other init states are not tried")
+                        break
                     if not success:
                         rep.failed[init_id] = why
                         log(f"task {task_id} init state {init_id}: failed ({why}); not recorded")
@@ -221,12 +231,13 @@ def record_libero_episodes(cfg: LiberoRecordConfig, *, progress: bool = True, lo
         bar.close()
     finally:
         env.close()
-    if not cols["state"]:
-        raise RuntimeError(f"no successful {cfg.policy} episode in {sum(len(r.tried) for r in reports)} tries: "
-                           "nothing to write")
-    if report is not None:
+    if report is not None and reports:
         report.extend({**r.to_dict(), "seconds": None} for r in reports)
         report[-1]["seconds"] = round(time.perf_counter() - start, 1)   # the whole recording's wall time
+    if not cols["state"]:
+        why = "; ".join(f"task {r.task_id}: {r.unsupported}" for r in reports if r.unsupported)
+        raise RuntimeError(f"no successful {cfg.policy} episode in {sum(len(r.tried) for r in reports)} tries: "
+                           "nothing to write" + (f" ({why})" if why else ""))
     return DemoDataset(
         images=torch.from_numpy(np.stack(cols["images"])), state=torch.from_numpy(np.stack(cols["state"])),
         action=torch.from_numpy(np.stack(cols["action"])), episode_index=torch.tensor(cols["episode_index"]),
@@ -250,8 +261,8 @@ def report_table(report: list[dict]) -> str:
     lines = ["| task | instruction | tried | succeeded | success | mean length |", "|---|---|---|---|---|---|"]
     for r in report:
         length = f"{r['mean_length']:.0f}" if r["mean_length"] is not None else "-"
-        lines.append(f"| {r['task_id']} | {r['instruction']} | {r['tried']} | {r['succeeded']} | "
-                     f"{r['success_rate']:.2f} | {length} |")
+        rate = f"{r['success_rate']:.2f}" + (f" ({r['unsupported']})" if r.get("unsupported") else "")
+        lines.append(f"| {r['task_id']} | {r['instruction']} | {r['tried']} | {r['succeeded']} | {rate} | {length} |")
     tried, ok = sum(r["tried"] for r in report), sum(r["succeeded"] for r in report)
     lines.append(f"| all | | {tried} | {ok} | {ok / max(1, tried):.2f} | |")
     return "\n".join(lines)

@@ -234,3 +234,21 @@ def test_objects_in_the_state_and_sampled_placements():
         assert reward > 0 and not terminated and not truncated
     finally:
         env.close()
+
+
+@needs_libero
+def test_a_goal_the_expert_cannot_plan_is_tried_once_per_task(capsys):
+    """LIBERO-Goal task 7 ("turn on the stove") has no primitive: the recording says why once and moves on instead
+    of resetting each of its init states to fail the same way."""
+    from vla_rl.data.libero_demos import LiberoRecordConfig, record_libero_episodes, report_table
+
+    cfg = LiberoRecordConfig(suite="libero_goal", task_ids=[7], policy="expert", episodes_per_task=2, max_tries=10,
+                             cameras=[], seed=0)
+    report: list = []
+    logged: list[str] = []
+    with pytest.raises(RuntimeError, match="task 7: unsupported goal"):   # nothing recorded: no dataset
+        record_libero_episodes(cfg, progress=False, log=logged.append, report=report)
+    (task,) = report
+    assert task["tried"] == 1 and task["succeeded"] == 0 and task["unsupported"].startswith("unsupported goal")
+    assert len(logged) == 1 and "other init states are not tried" in logged[0]
+    assert "unsupported goal" in report_table(report)
