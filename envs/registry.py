@@ -55,6 +55,8 @@ class EnvKind:
     sft_eval: bool = False        # SFT on a dataset of this kind evaluates the policy on it afterwards by default
     eval_envs: int = 2            # envs an SFT evaluation runs (a batched kind: at most this many, one per episode)
     label: Callable[[dict], str] | None = None   # a policy folder's env name from the kind's settings (as a dict)
+    # The task's own episode step limit (LIBERO: its suite's official one), for saying when a run's cap is shorter
+    official_steps: Callable[[Any], int | None] | None = None
 
 
 def _make_builtin(s, cfg, num_envs, device, seed, log):
@@ -98,10 +100,11 @@ ENV_KINDS: dict[str, EnvKind] = {k.name: k for k in (
             task_key="task", sft_eval=True, label=lambda s: f"{MANISKILL}/{s.get('task')}"),
     EnvKind(LIBERO, LiberoConfig, "LIBERO suites on robosuite / MuJoCo, in worker processes", _make_libero,
             lambda s, device: (functools.partial(LiberoSingleEnv, s), LIBERO), robosuite_env.describe_robot,
-            family=LIBERO, image_keys=LIBERO_IMAGE_KEYS),
+            family=LIBERO, image_keys=LIBERO_IMAGE_KEYS,
+            official_steps=lambda s: robosuite_env.SUITE_MAX_STEPS.get(s.suite)),
     EnvKind(LIBERO_WARP, LiberoWarpConfig, "LIBERO tasks batched on MuJoCo Warp on the policy's device",
             _make_libero_warp, _single_libero_warp, robosuite_env.describe_robot, batched=True, family=LIBERO,
-            image_keys=LIBERO_IMAGE_KEYS),
+            image_keys=LIBERO_IMAGE_KEYS, official_steps=lambda s: robosuite_env.SUITE_MAX_STEPS.get(s.suite)),
 )}
 KINDS = tuple(ENV_KINDS)
 
@@ -180,6 +183,11 @@ def env_identity(cfg: EnvConfig) -> dict:
     default filled in, without the process layout (``num_envs``, ``envs_per_worker``). The ``options`` key
     for ManiSkill / LIBERO is the format of evaluation files (``vla-rl compare`` reads older ones too)."""
     return {"kind": cfg.kind, BUILTIN if cfg.kind == BUILTIN else "options": asdict(cfg.task)}
+
+
+def official_episode_steps(cfg: EnvConfig) -> int | None:
+    """The task's own episode step limit (LIBERO: its suite's official one), or None where the kind has none."""
+    return cfg.info.official_steps(cfg.task) if cfg.info.official_steps is not None else None
 
 
 def env_fields(cfg: EnvConfig) -> list[str]:

@@ -126,3 +126,28 @@ def test_a_run_without_signal_says_so(sft_checkpoint, tmp_path, capsys):
     assert cli_main(["report", str(tmp_path / "nosignal"), "--out", str(tmp_path / "rep")]) == 0
     out = capsys.readouterr().out
     assert "no signal: iterations 2-3" in out and "4 evaluations are too few" in out
+
+
+def test_no_signal_says_when_the_episodes_ran_into_a_short_cap():
+    """A recipe's step cap fitted to another task's demos: every episode truncated at 160 steps on a suite whose own
+    limit is 300; the no-signal reason says so (and says nothing when the cap is the task's own or not reached)."""
+    m = {"iteration": 1, "rollout/success_once": 0.0, "rollout/episodes": 16, "rollout/episode_length": 160.0}
+    why = conditions(m, HealthConfig(), episode_cap=160, official_steps=300)["no_signal"]
+    assert "160-step cap" in why and "limit of 300" in why
+    assert "cap" not in conditions(m, HealthConfig(), episode_cap=300, official_steps=300)["no_signal"]
+    assert "cap" not in conditions({**m, "rollout/episode_length": 90.0}, HealthConfig(), episode_cap=160,
+                                   official_steps=300)["no_signal"]
+    assert "cap" not in conditions(m, HealthConfig(), episode_cap=160)["no_signal"]   # a task with no own limit
+    monitor = HealthMonitor(HealthConfig(patience=1), episode_cap=160, official_steps=300)
+    (line,) = monitor.update(dict(m))
+    assert "raise the env's max_episode_steps" in line
+
+
+def test_libero_kinds_know_their_suites_limit():
+    from vla_rl.core.schema import from_dict
+    from vla_rl.envs.registry import EnvConfig, official_episode_steps
+
+    env = lambda d: from_dict(EnvConfig, d, prefix="env")   # noqa: E731
+    assert official_episode_steps(env({"kind": "libero", "libero": {"suite": "libero_goal"}})) == 300
+    assert official_episode_steps(env({"kind": "libero_warp", "libero_warp": {"suite": "libero_10"}})) == 520
+    assert official_episode_steps(EnvConfig()) is None

@@ -57,15 +57,30 @@ class HealthConfig:
         check_ranges(self)
 
 
-def conditions(m: dict, cfg: HealthConfig, *, entropy_min: float | None = None) -> dict[str, str | None]:
+def capped(m: dict, cap: int | None, official: int | None) -> str | None:
+    """Why the episodes may be too short to succeed, or None: they all ran into a step cap ``cap`` below the task's
+    own limit ``official`` (a recipe's cap fitted to another task's demos)."""
+    length = m.get("rollout/episode_length")
+    if cap is None or official is None or cap >= official or length is None or length < 0.98 * cap:
+        return None
+    return (f"every episode ran to the run's {cap}-step cap, shorter than the task's own limit of {official}: "
+            "it may need longer (raise the env's max_episode_steps)")
+
+
+def conditions(m: dict, cfg: HealthConfig, *, entropy_min: float | None = None, episode_cap: int | None = None,
+               official_steps: int | None = None) -> dict[str, str | None]:
     """Which signals' conditions hold in one iteration's metrics ``m``: signal -> the reason (None: it does not
-    hold). ``entropy_min``: the rollout entropy of the Flow-Noise std's lower bound (None: not Flow-Noise)."""
+    hold). ``entropy_min``: the rollout entropy of the Flow-Noise std's lower bound (None: not Flow-Noise);
+    ``episode_cap`` / ``official_steps``: the run's episode step limit and the task's own (:func:`capped`)."""
     out: dict[str, str | None] = dict.fromkeys(SIGNALS)
     successes = m.get("rollout/success_once")
     if m.get("train/samples", 1) == 0:
         out["no_signal"] = "no sample took part in the update"
     elif successes is not None and successes == 0:
         out["no_signal"] = f"no success in {int(m.get('rollout/episodes', 0))} rollout episodes"
+        short = capped(m, episode_cap, official_steps)
+        if short:
+            out["no_signal"] += f"; {short}"
     elif m.get("train/advantage_std_raw", math.inf) < cfg.min_advantage_std:
         out["no_signal"] = f"raw advantage std {m['train/advantage_std_raw']:.2g}"
     reasons = []
@@ -90,14 +105,17 @@ class HealthMonitor:
     """Raises each signal once its condition held ``patience`` iterations in a row; :meth:`update` adds the
     ``health/*`` metrics to an iteration's metrics and returns the log lines of signals that started or ended."""
 
-    def __init__(self, cfg: HealthConfig, *, entropy_min: float | None = None):
+    def __init__(self, cfg: HealthConfig, *, entropy_min: float | None = None, episode_cap: int | None = None,
+                 official_steps: int | None = None):
         self.cfg, self.entropy_min = cfg, entropy_min
+        self.episode_cap, self.official_steps = episode_cap, official_steps
         self.streak = dict.fromkeys(SIGNALS, 0)
         self.raised = dict.fromkeys(SIGNALS, False)
 
     def update(self, m: dict) -> list[str]:
         lines = []
-        for name, why in conditions(m, self.cfg, entropy_min=self.entropy_min).items():
+        for name, why in conditions(m, self.cfg, entropy_min=self.entropy_min, episode_cap=self.episode_cap,
+                                    official_steps=self.official_steps).items():
             self.streak[name] = self.streak[name] + 1 if why else 0
             up = self.streak[name] >= self.cfg.patience
             if up and not self.raised[name]:

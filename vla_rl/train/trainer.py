@@ -41,7 +41,7 @@ from vla_rl.core.threads import policy_threads, threads_note
 from vla_rl.distributed.learners import LearnerError
 from vla_rl.distributed.ray_config import RayConfig
 from vla_rl.distributed.runtime import make_runtime
-from vla_rl.envs.registry import EnvConfig, make_env
+from vla_rl.envs.registry import EnvConfig, make_env, official_episode_steps
 from vla_rl.envs.workers import local_worker_processes
 from vla_rl.eval.evaluate import evaluate
 from vla_rl.policies.actor import Actor, SamplerConfig
@@ -482,7 +482,8 @@ class Trainer:
             self._record(m)
         entropy_min = (flow_noise_entropy_floor(self.actor.model.cfg.noise_std_min)
                        if cfg.sampler.method == "noise" else None)
-        self.health = HealthMonitor(cfg.health, entropy_min=entropy_min)
+        self.health = HealthMonitor(cfg.health, entropy_min=entropy_min, episode_cap=self.env.spec.max_episode_steps,
+                                    official_steps=official_episode_steps(cfg.env))
         self.health.replay(self.history)
         bar = progress(total=cfg.iterations, initial=self.iteration, desc="rl", unit="iterations",
                        enabled=cfg.progress)
