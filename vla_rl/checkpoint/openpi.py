@@ -169,10 +169,9 @@ def find_norm_stats(root: Path, asset_id: str | None = None, given: str | Path |
         return path, asset_id or path.parent.name
     base = root / "assets" if (root / "assets").is_dir() else root
     found = {}
-    for f in sorted(base.glob(f"**/{NORM_FILE}")):
-        rel = f.parent.relative_to(base)
-        if len(rel.parts) <= 3:
-            found[rel.as_posix()] = f
+    for depth in (1, 2, 3):   # asset ids are one to three names deep ("droid", "physical-intelligence/libero")
+        for f in sorted(base.glob("/".join(["*"] * depth + [NORM_FILE]))):
+            found[f.parent.relative_to(base).as_posix()] = f
     if asset_id is not None:
         if asset_id not in found:
             raise OpenpiImportError(f"{root} has no norm stats for asset id {asset_id!r} (found: "
