@@ -43,6 +43,7 @@ from vla_rl.policies.architectures import make_policy
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.policies.policy_config import PolicyConfig
 from vla_rl.policies.seam import FlowVLA
+from vla_rl.policies.tokenizer import TokenizerError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "keep": None}
 POLICY_TOKENIZER = "tokenizer.safetensors"   # the tokenizer inside our policy folder (see policies/tokenizer.py)
@@ -81,6 +82,18 @@ def hub_snapshots(repo: str) -> list[Path]:
         os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "hub")
     snaps = Path(hub) / ("models--" + repo.replace("/", "--")) / "snapshots"
     return sorted(p for p in snaps.iterdir() if p.is_dir()) if snaps.is_dir() else []
+
+
+def checked_tokenizer(load: Callable[[Path], object], path: Path, cfg: PolicyConfig):
+    """``load(path)``, a tokenizer no larger than the checkpoint's vocabulary, or a LeRobotImportError saying why."""
+    try:
+        tok = load(path)
+    except TokenizerError as e:
+        raise LeRobotImportError(str(e)) from None
+    if tok.vocab_size > cfg.vocab_size:
+        raise LeRobotImportError(f"the tokenizer {path} has {tok.vocab_size} tokens, more than the checkpoint's "
+                                 f"{cfg.vocab_size} token embeddings (not this checkpoint's tokenizer?)")
+    return tok
 
 
 def read_config(path: Path, types: tuple[str, ...]) -> dict:

@@ -14,10 +14,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import torch
+
 from vla_rl.checkpoint.lerobot_format import (
     POLICY_TOKENIZER,
     Family,
     LeRobotImportError,
+    checked_tokenizer,
     hub_snapshots,
     layer_count,
     shape_of,
@@ -25,7 +28,7 @@ from vla_rl.checkpoint.lerobot_format import (
 from vla_rl.core.ranges import ConfigError
 from vla_rl.core.schema import check_keys, from_dict
 from vla_rl.policies.policy_config import PolicyConfig
-from vla_rl.policies.tokenizer import SentencePieceTokenizer, TokenizerError
+from vla_rl.policies.tokenizer import SentencePieceTokenizer
 from vla_rl.presets import merge
 
 TYPES = ("pi0", "pi05")
@@ -201,6 +204,23 @@ def weight_sources(cfg: PolicyConfig, shapes: dict) -> dict[str, tuple[str, ...]
     return src
 
 
+def lerobot_tensors(model, dtype: torch.dtype, *, embed_tokens: bool) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`weight_sources`, for the exports: the model's checkpoint weights under LeRobot's names
+    (our fused SigLIP ``qkv`` split back into q / k / v), the text embedding under ``embed_tokens`` (LeRobot >= 0.5)
+    or PaliGemma's tied ``lm_head`` (LeRobot 0.4, openpi), and the action expert's unused ``lm_head`` as zeros (the
+    models hold that parameter, so a strict load looks for it). The RL heads are not among them."""
+    cfg = model.cfg
+    ours = model.state_dict()
+    out: dict[str, torch.Tensor] = {}
+    for name, sources in weight_sources(cfg, {_LM + "embed_tokens.weight": ()} if embed_tokens else {}).items():
+        t = ours[name].detach().to("cpu", dtype)
+        parts = t.chunk(len(sources), dim=0) if len(sources) > 1 else (t,)
+        for src, part in zip(sources, parts):
+            out[src] = part.contiguous().clone()
+    out[_EX + "lm_head.weight"] = torch.zeros(cfg.vocab_size, cfg.expert.width, dtype=dtype)
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------
 # Tokenizer
 # ----------------------------------------------------------------------------------------------------
@@ -221,14 +241,7 @@ def find_tokenizer(src: Path, lr: dict | None = None, given: str | Path | None =
 
 
 def load_tokenizer(path: Path, cfg: PolicyConfig) -> SentencePieceTokenizer:
-    try:
-        tok = SentencePieceTokenizer.from_file(path)
-    except TokenizerError as e:
-        raise LeRobotImportError(str(e)) from None
-    if tok.vocab_size > cfg.vocab_size:
-        raise LeRobotImportError(f"the tokenizer {path} has {tok.vocab_size} pieces, more than the checkpoint's "
-                                 f"{cfg.vocab_size} token embeddings (not this checkpoint's tokenizer?)")
-    return tok
+    return checked_tokenizer(SentencePieceTokenizer.from_file, path, cfg)
 
 
 def _no_tokenizer(src: Path) -> str:

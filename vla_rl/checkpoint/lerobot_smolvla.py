@@ -27,6 +27,7 @@ from vla_rl.checkpoint.lerobot_format import (
     POLICY_TOKENIZER,
     Family,
     LeRobotImportError,
+    checked_tokenizer,
     hub_snapshots,
     layer_count,
     shape_of,
@@ -34,7 +35,7 @@ from vla_rl.checkpoint.lerobot_format import (
 from vla_rl.core.ranges import ConfigError
 from vla_rl.core.schema import check_keys, from_dict
 from vla_rl.policies.policy_config import PolicyConfig
-from vla_rl.policies.tokenizer import HFTokenizer, TokenizerError
+from vla_rl.policies.tokenizer import HFTokenizer
 from vla_rl.presets import merge
 
 TYPES = ("smolvla",)
@@ -239,14 +240,7 @@ def find_tokenizer(src: Path, lr: dict, given: str | Path | None = None) -> Path
 
 
 def load_tokenizer(folder: Path, cfg: PolicyConfig) -> HFTokenizer:
-    try:
-        tok = HFTokenizer.from_folder(folder)
-    except TokenizerError as e:
-        raise LeRobotImportError(str(e)) from None
-    if tok.vocab_size > cfg.vocab_size:
-        raise LeRobotImportError(f"the tokenizer {folder} has {tok.vocab_size} tokens, more than the checkpoint's "
-                                 f"{cfg.vocab_size} token embeddings (not this checkpoint's tokenizer?)")
-    return tok
+    return checked_tokenizer(HFTokenizer.from_folder, folder, cfg)
 
 
 def _no_tokenizer(src: Path) -> str:

@@ -24,7 +24,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from vla_rl.checkpoint.folders import FORMAT_VERSION, atomic_folder, read_tensors, read_yaml_file
-from vla_rl.checkpoint.policy import adapter_scaling
+from vla_rl.checkpoint.policy import adapter_scaling, load_policy
 from vla_rl.checkpoint.training import list_checkpoints
 from vla_rl.core.errors import CheckpointError
 from vla_rl.core.outputs import EXPORT, check_output
@@ -45,6 +45,18 @@ from vla_rl.policies.policy_config import PolicyConfig
 from vla_rl.presets import merge
 
 DEFAULT_NUM_STEPS = 10   # π0's K, for a source that does not record its own
+
+
+def open_source(src: str | Path, out: str | Path, *, overwrite: bool):
+    """``(folder, out, model, norm, config)`` of an export in another framework's layout: the policy folder
+    :func:`resolve_source` finds, loaded, after checking the output (an earlier export there is replaced only with
+    ``overwrite``)."""
+    folder = resolve_source(src)
+    out = Path(out)
+    check_output(out, overwrite=overwrite, kind=EXPORT, inputs={"source": src, "source checkpoint": folder},
+                 elsewhere="another OUT folder")
+    model, norm, config = load_policy(folder)
+    return folder, out, model, norm, config
 
 
 def resolve_source(src: str | Path) -> Path:

@@ -34,11 +34,9 @@ from safetensors.torch import save_file
 
 from vla_rl.checkpoint import lerobot_pi
 from vla_rl.checkpoint.folders import atomic_folder
-from vla_rl.checkpoint.policy import load_policy
 from vla_rl.core.errors import CheckpointError
-from vla_rl.core.outputs import EXPORT, check_output
 from vla_rl.core.ranges import ConfigError
-from vla_rl.interop.export import DEFAULT_NUM_STEPS, resolve_source, spec_defaults
+from vla_rl.interop.export import DEFAULT_NUM_STEPS, open_source, spec_defaults
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.policies.policy_config import PolicyConfig
 
@@ -129,18 +127,11 @@ def size_notes(cfg: PolicyConfig) -> list[str]:
 # Weights
 # ----------------------------------------------------------------------------------------------------
 def lerobot_tensors(model, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """The model's weights under LeRobot 0.6's names (see the module docstring)."""
-    cfg = model.cfg
-    ours = model.state_dict()
+    """The model's weights under LeRobot 0.6's names: ``embed_tokens`` and, for the tied pair, PaliGemma's
+    ``lm_head`` (see the module docstring)."""
+    out = lerobot_pi.lerobot_tensors(model, dtype, embed_tokens=True)
     embed = lerobot_pi._LM + "embed_tokens.weight"   # noqa: SLF001 (the import's own name table)
-    out: dict[str, torch.Tensor] = {}
-    for name, sources in lerobot_pi.weight_sources(cfg, {embed: ()}).items():
-        t = ours[name].detach().to("cpu", dtype)
-        parts = t.chunk(len(sources), dim=0) if len(sources) > 1 else (t,)
-        for src, part in zip(sources, parts):
-            out[src] = part.contiguous().clone()
     out[lerobot_pi._PG + "lm_head.weight"] = out[embed].clone()   # noqa: SLF001 (PaliGemma's tied pair)
-    out[lerobot_pi._EX + "lm_head.weight"] = torch.zeros(cfg.vocab_size, cfg.expert.width, dtype=dtype)  # noqa: SLF001
     return out
 
 
@@ -273,11 +264,7 @@ def export_lerobot(src: str | Path, out: str | Path, *, dtype: str = "fp32", ove
     """Write the π0 / π0.5 policy at ``src`` as a LeRobot 0.6 policy folder at ``out`` (atomically)."""
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
-    folder = resolve_source(src)
-    out = Path(out)
-    check_output(out, overwrite=overwrite, kind=EXPORT, inputs={"source": src, "source checkpoint": folder},
-                 elsewhere="another OUT folder")
-    model, norm, config = load_policy(folder)
+    folder, out, model, norm, config = open_source(src, out, overwrite=overwrite)
     cfg = model.cfg
     check_lerobot_compatible(cfg, norm)
     tok = model.text_tokenizer
@@ -306,6 +293,4 @@ def export_lerobot(src: str | Path, out: str | Path, *, dtype: str = "fp32", ove
         save_file({k: v.clone() for k, v in stats.items()}, str(tmp / post_file))
         (tmp / lerobot_pi.TOKENIZER_FILE).write_bytes(tok.proto)
         (tmp / NOTES_FILE).write_text(json.dumps(notes, indent=2) + "\n")
-    if not (out / "model.safetensors").is_file():   # pragma: no cover (atomic_folder raises first)
-        raise CheckpointError(f"{out}: the export was not written")
     return out

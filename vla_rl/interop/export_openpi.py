@@ -21,11 +21,8 @@ from safetensors.torch import save_file
 from vla_rl.checkpoint import lerobot_pi
 from vla_rl.checkpoint.folders import atomic_folder
 from vla_rl.checkpoint.openpi import EPS, NORM_FILE
-from vla_rl.checkpoint.policy import load_policy
-from vla_rl.core.errors import CheckpointError
-from vla_rl.core.outputs import EXPORT, check_output
 from vla_rl.core.ranges import ConfigError
-from vla_rl.interop.export import resolve_source
+from vla_rl.interop.export import open_source
 from vla_rl.policies.normalize import NormStats, Stats
 from vla_rl.policies.policy_config import PolicyConfig
 
@@ -52,19 +49,10 @@ def check_openpi_compatible(cfg: PolicyConfig) -> None:
 
 
 def openpi_tensors(model, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """The model's weights under openpi PyTorch's names (see the module docstring)."""
-    cfg = model.cfg
-    ours = model.state_dict()
-    out: dict[str, torch.Tensor] = {}
-    for name, sources in lerobot_pi.weight_sources(cfg, {}).items():
-        t = ours[name].detach().to("cpu", dtype)
-        parts = t.chunk(len(sources), dim=0) if len(sources) > 1 else (t,)
-        for src, part in zip(sources, parts):
-            out[src.removeprefix("model.")] = part.contiguous().clone()
-    # openpi's PaliGemmaWithExpertModel holds the expert's (unused) lm_head: written so a strict load finds it
-    out["paligemma_with_expert.gemma_expert.lm_head.weight"] = torch.zeros(cfg.vocab_size, cfg.expert.width,
-                                                                          dtype=dtype)
-    return out
+    """The model's weights under openpi PyTorch's names: LeRobot's without ``model.``, the tied embedding as
+    ``lm_head`` (see the module docstring)."""
+    return {k.removeprefix("model."): v
+            for k, v in lerobot_pi.lerobot_tensors(model, dtype, embed_tokens=False).items()}
 
 
 def openpi_norm_stats(norm: NormStats) -> dict:
@@ -85,11 +73,7 @@ def export_openpi(src: str | Path, out: str | Path, *, dtype: str = "fp32", asse
     """Write the policy at ``src`` in openpi's PyTorch layout at ``out`` (atomically)."""
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
-    folder = resolve_source(src)
-    out = Path(out)
-    check_output(out, overwrite=overwrite, kind=EXPORT, inputs={"source": src, "source checkpoint": folder},
-                 elsewhere="another OUT folder")
-    model, norm, config = load_policy(folder)
+    folder, out, model, norm, config = open_source(src, out, overwrite=overwrite)
     cfg = model.cfg
     check_openpi_compatible(cfg)
     if norm.relative_actions and norm.relative_actions != tuple(range(len(norm.relative_actions))):
@@ -118,6 +102,4 @@ def export_openpi(src: str | Path, out: str | Path, *, dtype: str = "fp32", asse
         (tmp / "vla_rl_export.json").write_text(json.dumps(   # marks the folder as an export (openpi reads neither)
             {"written_by": "vla-rl export --format openpi", "source": str(Path(folder).resolve()), "dtype": dtype,
              "left_out": ["the Flow-Noise std head and the value head (RL only)"]}, indent=2) + "\n")
-    if not (out / "model.safetensors").is_file():   # pragma: no cover (atomic_folder raises first)
-        raise CheckpointError(f"{out}: the export was not written")
     return out
