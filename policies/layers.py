@@ -92,21 +92,27 @@ def residual(h: Tensor, out: Tensor, gate: Tensor | None = None) -> Tensor:
 
 
 class GatedMLP(nn.Module):
-    """Gemma's gated-GELU MLP: down(gelu_tanh(gate(x)) * up(x))."""
+    """A gated MLP: down(act(gate(x)) * up(x)), with Gemma's tanh-approximated GELU (``activation="gelu_tanh"``) or
+    Llama's SiLU (``"silu"``, SwiGLU)."""
 
-    def __init__(self, width: int, hidden: int):
+    def __init__(self, width: int, hidden: int, activation: str = "gelu_tanh"):
         super().__init__()
+        if activation not in ("gelu_tanh", "silu"):
+            raise ValueError(f"activation must be gelu_tanh or silu, got {activation!r}")
+        self.activation = activation
         self.gate_proj = nn.Linear(width, hidden, bias=False)
         self.up_proj = nn.Linear(width, hidden, bias=False)
         self.down_proj = nn.Linear(hidden, width, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.gate_proj(x), self.up_proj(x)
+        silu = self.activation == "silu"
         if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
-            return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+            return self.down_proj((F.silu(gate) if silu else F.gelu(gate, approximate="tanh")) * up)
         # Without autograd the gate's buffer takes the activation and the product (same values): the two
         # largest intermediate tensors of the layer are not allocated again.
-        return self.down_proj(torch.ops.aten.gelu_(gate, approximate="tanh").mul_(up))
+        act = F.silu(gate, inplace=True) if silu else torch.ops.aten.gelu_(gate, approximate="tanh")
+        return self.down_proj(act.mul_(up))
 
 
 class StreamLayer(nn.Module):

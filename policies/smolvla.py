@@ -26,7 +26,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vla_rl.policies.base import ExpertContext, FlowVLABase, Prefix
-from vla_rl.policies.layers import ViTBlock, apply_rotary, attention, residual, rotary_tables, sincos_2d_positions
+from vla_rl.policies.layers import (
+    GatedMLP,
+    ViTBlock,
+    apply_rotary,
+    attention,
+    residual,
+    rotary_tables,
+    sincos_2d_positions,
+)
 from vla_rl.policies.policy_config import PolicyConfig
 from vla_rl.policies.seam import LayerGroup
 
@@ -45,22 +53,6 @@ class LlamaRMSNorm(nn.Module):
         return F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(x.dtype) * self.weight
 
 
-class SwiGLU(nn.Module):
-    """Llama's gated-SiLU MLP: down(silu(gate(x)) * up(x))."""
-
-    def __init__(self, width: int, hidden: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(width, hidden, bias=False)
-        self.up_proj = nn.Linear(width, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, width, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.gate_proj(x), self.up_proj(x)
-        if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
-            return self.down_proj(F.silu(gate) * up)
-        return self.down_proj(F.silu(gate, inplace=True).mul_(up))
-
-
 class LlamaLayer(nn.Module):
     """One layer of a Llama stream, split around its attention like :class:`~vla_rl.policies.layers.StreamLayer`.
     ``kv_width``: the width ``k_proj`` / ``v_proj`` read (a cross-attention layer of the expert reads the prefix's
@@ -76,7 +68,7 @@ class LlamaLayer(nn.Module):
         self.v_proj = nn.Linear(kv_width or width, num_kv_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(num_heads * head_dim, width, bias=False)
         self.post_attention_norm = LlamaRMSNorm(width, eps)
-        self.mlp = SwiGLU(width, mlp_dim)
+        self.mlp = GatedMLP(width, mlp_dim, activation="silu")   # SwiGLU
 
     def _heads(self, x: Tensor, count: int) -> Tensor:
         n, length, _ = x.shape
