@@ -1,13 +1,14 @@
 """SFT -> RL learning benchmark, one command for a list of tasks: for each task and seed, collect expert
 demos (built-in: the scripted expert; ManiSkill3: ManiSkill's motion planner, converted to
-``pd_ee_delta_pose`` with state observations), train the ``tiny`` policy on the first ``--demos`` of them
-(few-shot SFT), then run Flow-SDE PPO and Flow-Noise PPO (the task's experiment presets) from that SFT
-policy, evaluating with the deterministic ODE sampler on fixed seeds along the way (the evaluation at
-iteration 0 is the SFT policy's).
+``pd_ee_delta_pose`` with state observations), train the ``tiny`` policy (or ``--model``'s preset, e.g.
+``tiny_smolvla``) on the first ``--demos`` of them (few-shot SFT), then run Flow-SDE PPO and Flow-Noise PPO
+(the task's experiment presets) from that SFT policy, evaluating with the deterministic ODE sampler on fixed
+seeds along the way (the evaluation at iteration 0 is the SFT policy's).
 
     python benchmarks/bench_learning.py [--tasks builtin,PushCube-v1,PickCube-v1] [--seeds 0,1,2] [--methods sde,noise]
                                         [--iterations N] [--demos N] [--sft-steps N] [--eval-every 10]
-                                        [--eval-episodes 200] [--out runs/bench_learning] [--sft-only | --report]
+                                        [--eval-episodes 200] [--model tiny] [--out runs/bench_learning]
+                                        [--sft-only | --report]
 
 ``--iterations``, ``--demos``, ``--sft-steps`` default to each task's entry in :data:`TASKS` (iterations: else
 each method's preset's, as for PickCube, whose Flow-Noise lr schedule is planned for its length); ``--sft-only``
@@ -88,7 +89,7 @@ TASKS = {
 }
 
 
-def sft_policy(out: Path, task: str, seed: int, demos: int, steps: int) -> Path:
+def sft_policy(out: Path, task: str, seed: int, demos: int, steps: int, model: str = "tiny") -> Path:
     path = out / f"seed{seed}" / "sft"
     if (path / "model.safetensors").is_file():
         return path
@@ -96,7 +97,7 @@ def sft_policy(out: Path, task: str, seed: int, demos: int, steps: int) -> Path:
     if task == "builtin":
         data = collect_builtin_demos(demos, seed=seed)
         norm = NormStats(Stats.of(data.state), Stats.of(data.action))
-        actor = Actor(make_policy(policy_preset("tiny")), norm)
+        actor = Actor(make_policy(policy_preset(model)), norm)
         train_sft(actor, data, SFTConfig(steps=steps, seed=seed), progress=False)
         return save_policy(path, actor.model, actor.norm, meta={"demos": demos, "sft_steps": steps, "seed": seed})
     # ManiSkill: one pool of motion-planner demos per task; each seed trains on the first `demos` of it.
@@ -104,7 +105,7 @@ def sft_policy(out: Path, task: str, seed: int, demos: int, steps: int) -> Path:
     if not (pool / "meta" / "info.json").is_file():
         collect_maniskill(pool, task=task, episodes=max(demos, TASKS[task].demo_pool), log=lambda *_: None)
     run_sft(pool, SFTRunConfig(steps=steps, seed=seed, out=str(path), max_episodes=demos, eval_episodes=0,
-                               **TASKS[task].sft), progress=False)
+                               model=model, **TASKS[task].sft), progress=False)
     return path
 
 
@@ -226,6 +227,9 @@ def main() -> None:
     p.add_argument("--sft-steps", type=int, help="SFT steps (default: the task's)")
     p.add_argument("--eval-every", type=int, help="default: the task's")
     p.add_argument("--eval-episodes", type=int, help="default: the task's")
+    p.add_argument("--model", default="tiny",
+                   help="the policy preset the SFT policies are made with (configs/model), e.g. tiny_smolvla; RL "
+                        "continues the SFT policy, whatever its architecture; give each model its own --out")
     p.add_argument("--out", default="runs/bench_learning")
     p.add_argument("--sft-only", action="store_true",
                    help="make the demos and SFT policies, run no RL (then start the methods as separate processes)")
@@ -250,7 +254,7 @@ def main() -> None:
         for seed in [int(s) for s in args.seeds.split(",")]:
             if not args.report:
                 t0 = time.time()
-                sft = sft_policy(task_out, task, seed, demos, sft_steps)
+                sft = sft_policy(task_out, task, seed, demos, sft_steps, args.model)
                 print(f"{task} seed {seed}: SFT policy ({demos} demos, {sft_steps} steps) at {sft} "
                       f"({time.time() - t0:.0f} s)", flush=True)
                 if args.sft_only:

@@ -121,6 +121,19 @@ def quat_to_axis_angle(quat: np.ndarray) -> np.ndarray:
     return q[:3] * (2.0 * math.acos(w) / den)
 
 
+def robot_state(raw: dict) -> np.ndarray:
+    """The 8-d robot state of a robosuite observation dict: end-effector position, its orientation as axis-angle,
+    the two gripper finger joints (openpi's LIBERO example and LeRobot's ``LiberoProcessorStep`` build the same)."""
+    return np.concatenate([raw["robot0_eef_pos"], quat_to_axis_angle(raw["robot0_eef_quat"]),
+                           raw["robot0_gripper_qpos"]])
+
+
+def orient(frame: np.ndarray, orientation: str) -> np.ndarray:
+    """A robosuite camera frame (rendered bottom row first) as the policy sees it: ``upright`` flips the rows;
+    ``rot180`` (openpi's and LeRobot's LIBERO datasets) flips rows and columns."""
+    return frame[::-1] if orientation == "upright" else frame[::-1, ::-1]
+
+
 def check_task_selection(cfg, *, distinct_ids: bool = False) -> None:
     """The suite, cameras, task ids and init-state ids of a LIBERO env config (this adapter's or libero_warp's)
     name things that exist; ``distinct_ids``: an id may not repeat."""
@@ -414,16 +427,13 @@ class LiberoSingleEnv:
             env.env.modify_observable(CAMERAS[c][1], "enabled", on)
 
     # ------------------------------------------------------------------------------------------------
-    def _orient(self, img: np.ndarray) -> np.ndarray:
-        return img[::-1] if self.cfg.image_orientation == "upright" else img[::-1, ::-1]
-
     def _obs(self) -> dict:
         raw, s = self._raw, self.cfg.image_size
         if self.cfg.cameras:
-            images = np.stack([self._orient(raw[CAMERAS[c][1]]) for c in self.cfg.cameras])
+            images = np.stack([orient(raw[CAMERAS[c][1]], self.cfg.image_orientation) for c in self.cfg.cameras])
         else:
             images = np.zeros((0, s, s, 3), np.uint8)
-        parts = [raw["robot0_eef_pos"], quat_to_axis_angle(raw["robot0_eef_quat"]), raw["robot0_gripper_qpos"]]
+        parts = [robot_state(raw)]
         if self.cfg.state_mode == "robot+objects":
             data = self._env.env.sim.data
             objects = np.zeros((self.cfg.state_objects, OBJECT_STATE_DIM))
@@ -469,7 +479,8 @@ class LiberoSingleEnv:
             ctx.vopt.geomgroup[0], ctx.vopt.geomgroup[1] = 0, 1  # visual meshes, as robosuite's renderer
             self._set_reflections(sim)
         self._make_current(sim)
-        return np.ascontiguousarray(self._orient(sim.render(width=s, height=s, camera_name="agentview")))
+        frame = sim.render(width=s, height=s, camera_name="agentview")
+        return np.ascontiguousarray(orient(frame, self.cfg.image_orientation))
 
     def close(self) -> None:
         for env in self._envs.values():

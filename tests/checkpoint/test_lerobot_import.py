@@ -333,7 +333,22 @@ def test_the_camera_resolution_it_was_trained_on_travels(tmp_path):
             f["shape"] = [3, 256, 256]
     (folder / "config.json").write_text(json.dumps(cfg))
     model, _, config = load_lerobot(folder, overrides=TINY)
-    assert config["deploy"] == {"image_size": 256} and model.cfg.vision.image_size != 256
+    assert config["deploy"]["image_size"] == 256 and model.cfg.vision.image_size != 256
     assert libero_env_config(config, model.cfg, {}, None).image_size == 256
     _, _, plain = load_lerobot(ROOT / "lerobot-0.6.1" / "pi05", overrides=TINY)   # trained at the encoder's size
-    assert "deploy" not in plain
+    assert "image_size" not in plain["deploy"]
+
+
+def test_how_lerobot_runs_it_travels(tmp_path):
+    """LeRobot's denoising steps and the actions ``select_action`` runs per chunk become the imported policy's
+    deploy defaults (bench / eval / export read them); a queue as long as the chunk adds no execute."""
+    folder = tmp_path / "pi05"
+    shutil.copytree(ROOT / "lerobot-0.6.1" / "pi05", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["n_action_steps"] == cfg["chunk_size"]
+    _, _, config = load_lerobot(folder, overrides=TINY)
+    assert config["deploy"] == {"sampler": {"num_steps": cfg["num_inference_steps"]}}
+    cfg["n_action_steps"] = 4
+    (folder / "config.json").write_text(json.dumps(cfg))
+    _, _, config = load_lerobot(folder, overrides=TINY)
+    assert config["deploy"] == {"sampler": {"num_steps": cfg["num_inference_steps"]}, "execute": 4}

@@ -395,12 +395,28 @@ def trained_image_size(lr: dict) -> int | None:
     return int(hw[0]) if len(hw) == 2 and hw[0] == hw[1] and hw[0] > 0 else None
 
 
+def lerobot_deploy(lr: dict, cfg: PolicyConfig) -> dict:
+    """How LeRobot runs the policy, as defaults of our evaluation, bench and export (``config.yaml``'s ``deploy``):
+    its denoising steps (π0 / π0.5 ``num_inference_steps``, SmolVLA ``num_steps``), the actions its
+    ``select_action`` runs from each chunk before asking again (``n_action_steps``, when fewer than the chunk),
+    and the frames it was trained on (an env renders this size and the policy resizes them itself: LeRobot's
+    LIBERO checkpoints take 256 px frames into a 224 px encoder)."""
+    deploy: dict = {}
+    steps = lr.get("num_inference_steps", lr.get("num_steps"))
+    if isinstance(steps, int) and steps > 0:
+        deploy["sampler"] = {"num_steps": steps}
+    execute = lr.get("n_action_steps")
+    if isinstance(execute, int) and 0 < execute < cfg.action_horizon:
+        deploy["execute"] = execute
+    size = trained_image_size(lr)
+    if size and size != cfg.vision.image_size:
+        deploy["image_size"] = size
+    return deploy
+
+
 def open_lerobot(family: Family, src: Path, lr: dict, overrides: dict | None) -> Opened:
     weights, cfg, norm, modes = open_folder(family, src, lr, overrides)
-    size = trained_image_size(lr)
-    # Frames as the policy was trained on them: an env renders this size and the policy resizes them itself
-    # (LeRobot's LIBERO checkpoints: 256 px frames for a 224 px encoder).
-    extra = {"deploy": {"image_size": size}} if size and size != cfg.vision.image_size else None
+    extra = {"deploy": deploy} if (deploy := lerobot_deploy(lr, cfg)) else None
     return Opened(family, weights, cfg, norm, {"lerobot": str(src.resolve()), "type": lr["type"],
                                                "normalization": modes},
                   modes, lr["type"], family.notes(cfg), extra)

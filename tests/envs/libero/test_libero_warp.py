@@ -18,7 +18,7 @@ from helpers import SKIP_SIMULATORS as SKIP
 
 from vla_rl.envs.libero import osc
 from vla_rl.envs.libero.predicates import Atom, GoalEvaluator, GoalSpec, contact_hits
-from vla_rl.envs.libero.robosuite_env import quat_to_axis_angle
+from vla_rl.envs.libero.robosuite_env import orient, quat_to_axis_angle
 from vla_rl.envs.libero.warp_env import LiberoWarpConfig, LiberoWarpNotInstalled, import_warp, quat_wxyz_to_axis_angle
 
 needs_sim = pytest.mark.skipif(SKIP, reason="VLA_RL_SKIP_SIMULATORS=1")
@@ -337,7 +337,7 @@ def test_images_framed_and_oriented_like_the_cpu_adapter(libero):
     single.reset_to(0, 0)
     single.render_frame()   # a state-only env opens its render context on demand
     s = 64
-    cpu = [single._orient(single._env.sim.render(width=s, height=s, camera_name=CAMERAS[c][0]))
+    cpu = [orient(single._env.sim.render(width=s, height=s, camera_name=CAMERAS[c][0]), single.cfg.image_orientation)
            for c in ("agentview", "wrist")]
     worlds = TaskWorlds(scene, 1, device=torch.device("cpu"), cameras=("agentview", "wrist"), image_size=s)
     worlds.load_starts(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
