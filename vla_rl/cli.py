@@ -119,8 +119,10 @@ def _plan(cfg, gpu_memory: float | None) -> int:
     device's free memory; none: the table alone). Exit 0 if it fits (or no device to compare), else a config error."""
     import torch
 
+    from vla_rl.train.lengths import resolve_lengths
     from vla_rl.train.memory_plan import GIB, check_plan, device_memory
 
+    cfg, _ = resolve_lengths(cfg)   # rollout_chunks: auto sizes the rollout the plan holds
     # planning for a GPU this machine does not have: --gpu-memory with device=cuda plans without one
     device = torch.device(cfg.device) if gpu_memory is not None else resolve_device(cfg.device)
     found = device_memory(device) if gpu_memory is None else (int(gpu_memory * 1e9), f"a {gpu_memory:g} GB GPU")

@@ -181,7 +181,7 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True, ov
     them (sizes only grow: a smaller env vector is zero-padded into the model's)."""
     check_output(cfg.out, overwrite=overwrite, kind=POLICY, inputs={"dataset": dataset, "init policy": cfg.init})
     torch.manual_seed(cfg.seed)
-    data, env_dict = sft_data(dataset, cfg)
+    data, env_dict, longest = sft_data(dataset, cfg)
     model = sft_model(cfg, data)
     norm = sft_norm(cfg, data)
     print(f"policy '{cfg.init or cfg.model}': {count_parameters(model) / 1e6:.2f}M parameters; "
@@ -191,7 +191,7 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True, ov
     with torch_threads(policy_threads(cfg.threads)):
         log = train_sft(Actor(model, norm), data, sft_cfg, progress=progress)
     print(loss_summary(log))
-    path = save_sft_policy(dataset, cfg, model, norm, data, env_dict)
+    path = save_sft_policy(dataset, cfg, model, norm, data, env_dict, longest)
     print(f"saved the policy to {path}")
     results: dict = {"sft_log": log, "path": str(path)}
     kind = ENV_KINDS.get(env_dict.get("kind"))
@@ -209,13 +209,15 @@ def run_sft(dataset: str | Path, cfg: SFTRunConfig, *, progress: bool = True, ov
     return results
 
 
-def sft_data(dataset: str | Path, cfg: SFTRunConfig) -> tuple[DemoDataset, dict]:
-    """The frames to train on (``cfg.max_episodes``, idle frames dropped) and the env the dataset came from."""
+def sft_data(dataset: str | Path, cfg: SFTRunConfig) -> tuple[DemoDataset, dict, int]:
+    """The frames to train on (``cfg.max_episodes``, idle frames dropped), the env the dataset came from and the
+    longest of those demos in env steps (before dropping idle frames: what an episode of the task took)."""
     data, env_dict = load_demos(dataset, cfg.max_episodes)  # reads (and decodes videos of) those episodes only
     if len(data) == 0:
         raise LeRobotDatasetError(f"{dataset} holds no episodes: nothing to train on")
     if cfg.max_episodes is not None:
         data = take_episodes(data, cfg.max_episodes)
+    longest = int(torch.unique(data.episode_index, return_counts=True)[1].max())
     if cfg.idle_threshold is not None:
         before = len(data)
         data = drop_idle_frames(data, cfg.idle_threshold)
@@ -225,7 +227,7 @@ def sft_data(dataset: str | Path, cfg: SFTRunConfig) -> tuple[DemoDataset, dict]
     _, cams, h, w, _ = data.images.shape
     print(f"dataset {dataset}: {data.num_episodes} episodes, {len(data)} frames, {len(data.tasks)} tasks, "
           f"{cams} camera(s){f' {h}x{w}' if cams else ''}, state {data.state.shape[1]}, action {data.action.shape[1]}")
-    return data, env_dict
+    return data, env_dict, longest
 
 
 def sft_model(cfg: SFTRunConfig, data: DemoDataset) -> FlowVLA:
@@ -272,7 +274,7 @@ def sft_norm(cfg: SFTRunConfig, data: DemoDataset) -> NormStats:
 
 
 def save_sft_policy(dataset: str | Path, cfg: SFTRunConfig, model: FlowVLA, norm: NormStats, data: DemoDataset,
-                    env_dict: dict) -> Path:
+                    env_dict: dict, longest_episode: int) -> Path:
     """The policy folder ``cfg.out``: weights, normalisation, the env it is for (what `vla-rl eval` and
     `vla-rl train init=` use by default) and how it was trained."""
     kind = env_dict.get("kind")
@@ -282,7 +284,9 @@ def save_sft_policy(dataset: str | Path, cfg: SFTRunConfig, model: FlowVLA, norm
         "env": {"name": env_name, "state_dim": data.state.shape[1], "action_dim": data.action.shape[1]},
         "env_config": env_dict,
         "sft": {**to_dict(cfg), "dataset": str(dataset), "tasks": list(data.tasks),
-                "episodes": data.num_episodes, "frames": len(data)}})
+                "episodes": data.num_episodes, "frames": len(data),
+                # what `vla-rl train episode_limit=demos` sizes episodes by (vla_rl.train.lengths)
+                "longest_episode": longest_episode}})
 
 
 def evaluate_sft_policy(cfg: SFTRunConfig, model: FlowVLA, norm: NormStats, env_dict: dict, *,

@@ -60,6 +60,7 @@ from vla_rl.rl.health import (
 )
 from vla_rl.rl.learner import Learner, LearnerConfig
 from vla_rl.rl.rollout import Rollout, collect_rollout, step_groups
+from vla_rl.train.lengths import resolve_lengths
 from vla_rl.train.memory_plan import check_plan, device_memory
 from vla_rl.train.preflight import image_warnings, recorded_limit, rollout_warnings
 
@@ -78,7 +79,12 @@ class TrainConfig:
     # (epochs, minibatches, learning rates, precision, LoRA) are every method's.
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
-    rollout_chunks: int = ranged(4, 1)   # T chunk steps per env per iteration
+    # T chunk steps per env per iteration; "auto": one episode's worth, ceil(episode limit / execute)
+    rollout_chunks: int | Literal["auto"] = ranged(4, 1)
+    # "env": the env section's max_episode_steps (or the task's official limit); "demos": the init policy's longest
+    # SFT demo x 1.25 in whole chunks, at most the official limit, so a recipe moved to another task takes that
+    # task's length (vla_rl/train/lengths.py)
+    episode_limit: Literal["env", "demos"] = "env"
     # Worker envs (ManiSkill / LIBERO on CPU, Ray env actors): split the envs into this many groups of whole
     # workers, stepped in alternation, so the policy samples one group's next chunk while the others simulate
     # (the rollout is the one of 1 group up to float rounding: see collect_rollout). 1: one batch, in lockstep.
@@ -128,6 +134,8 @@ class TrainConfig:
         check_ranges(self)
         if self.eval_method not in ("ode", "train"):
             raise ConfigError(f"eval_method must be 'ode' or 'train', got {self.eval_method!r}")
+        if self.episode_limit not in ("env", "demos"):
+            raise ConfigError(f"episode_limit: {self.episode_limit!r} is not one of ['env', 'demos']")
         if self.runtime not in ("local", "ray"):
             raise ConfigError(f"runtime: {self.runtime!r} is not one of ['local', 'ray']")
         if self.runtime == "local" and self.ray != RayConfig():
@@ -211,6 +219,9 @@ class Trainer:
                  resume_from: str | Path | None = None):
         self.algorithm = make_algorithm(cfg.algorithm)
         self.algorithm.check_sampler(cfg.sampler)
+        cfg, notes = resolve_lengths(cfg)   # a resumed run's saved config holds the numbers already
+        for note in notes:
+            log(note)
         self.cfg, self.log = cfg, log
         self.run_dir = Path(run_dir or cfg.out)
         self.resume_from = Path(resume_from) if resume_from is not None else None
