@@ -251,7 +251,7 @@ class LiberoSingleEnv:
         self.task_id: int | None = None
         self.init_state_id: int | None = None
         self.instruction = ""
-        self._objects: list[int] = []        # body ids of the objects of interest in the state
+        self._objects: list[tuple[str, int]] = []   # ("body" | "site", id) of the objects of interest in the state
         self._shaping = None                 # envs.libero.reward.Shaping of the episode (reward="shaped")
 
     # ------------------------------------------------------------------------------------------------
@@ -351,7 +351,10 @@ class LiberoSingleEnv:
         inner = env.env
         if self.cfg.state_mode == "robot+objects":
             names = list(inner.parsed_problem["obj_of_interest"])[:self.cfg.state_objects]
-            self._objects = [inner.obj_body_id[n] for n in names]
+            # An object of interest is a body (the bowl) or a region site (LIBERO-Goal's
+            # "wooden_cabinet_1_middle_region", which moves with its drawer): the pose of either.
+            self._objects = [("body", inner.obj_body_id[n]) if n in inner.obj_body_id else
+                             ("site", inner.sim.model.site_name2id(n)) for n in names]
         if self.cfg.reward == "shaped":
             self._shaping = Shaping(inner)
         return self._obs()
@@ -437,9 +440,11 @@ class LiberoSingleEnv:
         if self.cfg.state_mode == "robot+objects":
             data = self._env.env.sim.data
             objects = np.zeros((self.cfg.state_objects, OBJECT_STATE_DIM))
-            for k, body in enumerate(self._objects):
-                mat = np.asarray(data.body_xmat[body]).reshape(3, 3)
-                objects[k] = np.r_[data.body_xpos[body], mat[:, 0], mat[:, 1]]
+            for k, (kind, i) in enumerate(self._objects):
+                pos, mat = (data.body_xpos[i], data.body_xmat[i]) if kind == "body" else \
+                    (data.site_xpos[i], data.site_xmat[i])
+                mat = np.asarray(mat).reshape(3, 3)
+                objects[k] = np.r_[pos, mat[:, 0], mat[:, 1]]
             parts.append(objects.ravel())
         state = np.concatenate(parts).astype(np.float32)
         return {"images": images, "state": state, "instruction": self.instruction}

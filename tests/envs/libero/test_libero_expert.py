@@ -237,6 +237,24 @@ def test_objects_in_the_state_and_sampled_placements():
 
 
 @needs_libero
+def test_a_region_of_interest_is_in_the_state_by_its_site():
+    """LIBERO-Goal's "open the middle drawer": the objects of interest are a region site (it moves with the
+    drawer), not a body; the state holds its pose."""
+    from vla_rl.envs.libero.robosuite_env import LiberoConfig, LiberoSingleEnv
+
+    env = LiberoSingleEnv(LiberoConfig(suite="libero_goal", task_ids=[0], cameras=(), state_mode="robot+objects",
+                                       max_cached_envs=1, max_episode_steps=2))
+    try:
+        state = env.reset_to(0, 0)["state"]
+        sim = env.sim_env
+        assert sim.parsed_problem["obj_of_interest"][0] == "wooden_cabinet_1_middle_region"
+        site = sim.sim.model.site_name2id("wooden_cabinet_1_middle_region")
+        np.testing.assert_allclose(state[8:11], sim.sim.data.site_xpos[site], atol=1e-6)
+    finally:
+        env.close()
+
+
+@needs_libero
 def test_a_goal_the_expert_cannot_plan_is_tried_once_per_task(capsys):
     """LIBERO-Goal task 7 ("turn on the stove") has no primitive: the recording says why once and moves on instead
     of resetting each of its init states to fail the same way."""
