@@ -82,8 +82,8 @@ def test_lerobot_export_reads_back_to_the_same_weights_and_actions(kind, hidden,
         mine, theirs = json.loads((exp / name).read_text()), json.loads((ROOT / kind / name).read_text())
         if name == "config.json":
             assert mine.keys() == theirs.keys()
-            assert mine["num_inference_steps"] == 10   # the import recorded no K: LeRobot's default
-            mine["num_inference_steps"] = theirs["num_inference_steps"]
+            # the import recorded LeRobot's K (deploy.sampler.num_steps); the export writes it back
+            assert mine["num_inference_steps"] == theirs["num_inference_steps"] == 5
         if hidden:   # hidden state dims: the state is written in MEAN_STD (hidden dims: std inf)
             assert json.dumps(mine).count('"STATE": "MEAN_STD"') >= 1
         else:

@@ -169,6 +169,7 @@ def run_expert_episode(env, task_id: int, init_id: int, *, seed: int, jitter: fl
         return frames, True, ""
     where = f"primitive {expert.index + 1}/{len(expert.primitives)}, phase {expert.phase}"
     why = "the expert gave up (grasps did not hold)" if expert.status == "failed" else \
+        f"the plan finished but the goal does not hold ({len(frames)} steps)" if expert.status == "done" else \
         f"step limit ({len(frames)} steps) in {where}"
     return frames, False, why
 

@@ -1,0 +1,96 @@
+"""The scripted LIBERO expert's success per task, over the four suites LIBERO is reported on: one command for the
+expert table of RESULTS.md.
+
+    python benchmarks/bench_libero_expert.py [--suites libero_spatial,libero_object,libero_goal,libero_10]
+                                             [--init-states 50] [--out runs/libero_expert]
+
+Each task runs the expert (``vla-rl collect libero ... policy=expert``'s episode, state only) from its fixed init
+states 0 .. N-1 at the suite's official step limit; a goal the expert has no primitive for is tried once and
+reported with its reason. Every suite's report is saved as ``<out>/<suite>.json`` as soon as it is done and a
+finished suite is not run again, so the command can be stopped and restarted; ``table.md`` (printed too) holds one
+row per task: successes / init states tried, mean length of the successful episodes, and the most common reason
+of the failures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10")
+NAMES = {"libero_spatial": "Spatial", "libero_object": "Object", "libero_goal": "Goal", "libero_10": "LIBERO-10"}
+
+
+def run_suite(suite: str, init_states: int) -> list[dict]:
+    from vla_rl.data.libero_demos import LiberoRecordConfig, record_libero_episodes
+
+    cfg = LiberoRecordConfig(suite=suite, task_ids=list(range(10)), episodes_per_task=init_states,
+                             max_tries=init_states, policy="expert", cameras=[], state_mode="robot+objects",
+                             threads=1)
+    report: list[dict] = []
+    try:
+        record_libero_episodes(cfg, progress=False, log=lambda *_: None, report=report)
+    except RuntimeError:   # no task succeeded at all: the report still says why
+        pass
+    return report
+
+
+def reason(r: dict) -> str:
+    if r.get("unsupported"):
+        return r["unsupported"]
+    if not r["failed"]:
+        return ""
+    # "step limit (300 steps) in primitive 1/2, phase lower" -> counted without the step count
+    kinds = Counter(why.split(" (")[0] + (" in " + why.split(" in ", 1)[1] if " in " in why else "")
+                    for why in r["failed"].values())
+    text, n = kinds.most_common(1)[0]
+    return f"{text} ({n} of {len(r['failed'])})"
+
+
+def table(reports: dict[str, list[dict]]) -> str:
+    lines = ["| suite | task | instruction | succeeded / tried | mean length | failures: most common reason |",
+             "|---|---|---|---|---|---|"]
+    for suite, report in reports.items():
+        for r in report:
+            length = f"{r['mean_length']:.0f}" if r["mean_length"] is not None else "-"
+            lines.append(f"| {NAMES[suite]} | {r['task_id']} | {r['instruction']} | {r['succeeded']} / {r['tried']} | "
+                         f"{length} | {reason(r)} |")
+    for suite, report in reports.items():
+        good = sum(1 for r in report if r["tried"] and r["succeeded"] / r["tried"] >= 0.9 and not r.get("unsupported"))
+        lines.append(f"| {NAMES[suite]} | all | tasks at >= 90 %: {good} of {len(report)} | "
+                     f"{sum(r['succeeded'] for r in report)} / {sum(r['tried'] for r in report)} | | |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--suites", default=",".join(SUITES))
+    p.add_argument("--init-states", type=int, default=50, help="fixed init states per task (LIBERO ships 50)")
+    p.add_argument("--out", default="runs/libero_expert")
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    reports = {}
+    for suite in args.suites.split(","):
+        if suite not in SUITES:
+            p.error(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")
+        path = out / f"{suite}.json"
+        saved = json.loads(path.read_text()) if path.is_file() else None
+        if saved is None or saved["init_states"] != args.init_states:
+            t0 = time.process_time()
+            saved = {"init_states": args.init_states, "report": run_suite(suite, args.init_states),
+                     "cpu_s": round(time.process_time() - t0, 1)}
+            path.write_text(json.dumps(saved, indent=1))
+        print(f"{suite}: {sum(r['succeeded'] for r in saved['report'])} / {sum(r['tried'] for r in saved['report'])} "
+              f"episodes succeeded ({saved['cpu_s']} CPU s)", flush=True)
+        reports[suite] = saved["report"]
+    text = table(reports)
+    (out / "table.md").write_text(text + "\n")
+    print("\n" + text)
+
+
+if __name__ == "__main__":
+    main()
