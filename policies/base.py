@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from vla_rl.core.shapes import Bool, Float
-from vla_rl.policies.layers import sincos_time_embedding
+from vla_rl.policies.layers import attention, sincos_time_embedding
 from vla_rl.policies.tokenizer import (
     FILE_TOKENIZERS,
     clean_task,
@@ -101,6 +101,27 @@ class FlowVLABase(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.action_in.weight.dtype
+
+    def _run_prefix_layers(self, h: Tensor, rope: tuple[Tensor, Tensor], attn_mask: Tensor,
+                           hidden: bool) -> tuple[list[Tensor], list[Tensor], Tensor | None]:
+        """The prefix backbone over embedded tokens ``h`` ``[N, P, Wp]``: every layer's keys / values (kept for
+        the denoising steps) and the last hidden state (None with ``hidden=False``, when the last layer computes
+        its keys and values only: its attention output and MLP feed nothing but a prefix-sourced value head).
+        A layer's ``project`` returns q, k, v and whatever its ``finish`` takes after the attention output
+        (π0.5's adaRMS gate)."""
+        keys, values = [], []
+        last = len(self.prefix_layers) - 1
+        for i, layer in enumerate(self.prefix_layers):
+            if i == last and not hidden:
+                k, v = layer.keys_values(h, rope)
+                keys.append(k)
+                values.append(v)
+                return keys, values, None
+            q, k, v, *extra = layer.project(h, rope)
+            keys.append(k)
+            values.append(v)
+            h = layer.finish(h, attention(q, k, v, attn_mask), *extra)
+        return keys, values, h
 
     def set_tokenizer(self, tokenizer) -> None:
         """Attach the file tokenizer (:data:`~vla_rl.policies.tokenizer.FILE_TOKENIZERS`: SentencePiece, a Hugging

@@ -188,19 +188,7 @@ class FlowPolicy(FlowVLABase):
         h, mask = self._embed_prefix(obs)
         positions = mask.long().cumsum(dim=1) - 1
         rope = rotary_tables(positions, self.cfg.head_dim, self.cfg.rope_base)
-        attn_mask = mask[:, None, None, :]
-        keys, values = [], []
-        last = len(self.prefix_layers) - 1
-        for i, layer in enumerate(self.prefix_layers):
-            if i == last and not hidden:
-                k, v = layer.keys_values(h, rope)
-                keys.append(k)
-                values.append(v)
-                break
-            q, k, v, gate = layer.project(h, rope)
-            keys.append(k)
-            values.append(v)
-            h = layer.finish(h, attention(q, k, v, attn_mask), gate)
+        keys, values, h = self._run_prefix_layers(h, rope, mask[:, None, None, :], hidden)
         return Prefix(keys, values, mask, self.prefix_norm(h) if hidden else None, self._state_token(obs["state"]))
 
     def _suffix_positions(self, prefix_mask: Tensor, length: int) -> Tensor:

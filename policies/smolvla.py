@@ -216,18 +216,7 @@ class SmolVLA(FlowVLABase):
         # images and text see each other (valid ones), the state token (the last, its own block) sees everything
         block = (torch.arange(p, device=mask.device) == p - 1).long()
         attn_mask = (block[None, :] <= block[:, None])[None, None] & mask[:, None, None, :]
-        keys, values = [], []
-        last = len(self.prefix_layers) - 1
-        for i, layer in enumerate(self.prefix_layers):
-            if i == last and not hidden:
-                k, v = layer.keys_values(h, rope)
-                keys.append(k)
-                values.append(v)
-                break
-            q, k, v = layer.project(h, rope)
-            keys.append(k)
-            values.append(v)
-            h = layer.finish(h, attention(q, k, v, attn_mask))
+        keys, values, h = self._run_prefix_layers(h, rope, attn_mask, hidden)
         return Prefix(keys, values, mask, self.prefix_norm(h) if hidden else None)
 
     # ------------------------------------------------------------------------------------------------ expert

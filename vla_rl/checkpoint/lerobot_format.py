@@ -84,6 +84,12 @@ def hub_snapshots(repo: str) -> list[Path]:
     return sorted(p for p in snaps.iterdir() if p.is_dir()) if snaps.is_dir() else []
 
 
+def rl_heads_note(cfg: PolicyConfig) -> str:
+    """The import note every LeRobot family shares: the RL heads are ours, initialised here."""
+    return ("the Flow-Noise std head and the value head are not in LeRobot checkpoints: initialised here "
+            f"(std at the middle of [{cfg.noise_std_min}, {cfg.noise_std_max}], value 0)")
+
+
 def checked_tokenizer(load: Callable[[Path], object], path: Path, cfg: PolicyConfig):
     """``load(path)``, a tokenizer no larger than the checkpoint's vocabulary, or a LeRobotImportError saying why."""
     try:

@@ -23,6 +23,7 @@ from vla_rl.checkpoint.lerobot_format import (
     checked_tokenizer,
     hub_snapshots,
     layer_count,
+    rl_heads_note,
     shape_of,
 )
 from vla_rl.core.ranges import ConfigError
@@ -250,9 +251,7 @@ def _no_tokenizer(src: Path) -> str:
 
 
 def _notes(cfg: PolicyConfig) -> list[str]:
-    return ["the Flow-Noise std head and the value head are not in LeRobot checkpoints: initialised here "
-            f"(std at the middle of [{cfg.noise_std_min}, {cfg.noise_std_max}], value 0)",
-            "the action expert's lm_head is not used by the model and was skipped"]
+    return [rl_heads_note(cfg), "the action expert's lm_head is not used by the model and was skipped"]
 
 
 PI0 = Family(label=LABEL, infer_config=lambda src, lr, shapes, over: infer_policy_config(lr, shapes, over),

@@ -30,6 +30,7 @@ from vla_rl.checkpoint.lerobot_format import (
     checked_tokenizer,
     hub_snapshots,
     layer_count,
+    rl_heads_note,
     shape_of,
 )
 from vla_rl.core.ranges import ConfigError
@@ -250,9 +251,7 @@ def _no_tokenizer(src: Path) -> str:
 
 
 def _notes(cfg: PolicyConfig) -> list[str]:
-    return ["the Flow-Noise std head and the value head are not in LeRobot checkpoints: initialised here "
-            f"(std at the middle of [{cfg.noise_std_min}, {cfg.noise_std_max}], value 0)",
-            "SmolVLM2's lm_head is not used by the model and was skipped"]
+    return [rl_heads_note(cfg), "SmolVLM2's lm_head is not used by the model and was skipped"]
 
 
 SMOLVLA = Family(label=LABEL, infer_config=infer_policy_config, weight_sources=weight_sources, skipped=skipped,
