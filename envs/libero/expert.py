@@ -3,7 +3,8 @@
 The expert reads the task's goal (the BDDL problem's goal predicates, ``parsed_problem["goal_state"]``) and
 the scene (end-effector pose, gripper fingers, every object's pose and collision bounding box, the
 regions' sites, the articulated objects' joints), turns the goal into primitives (pick-and-place into or
-onto a target; open / close a drawer; turn a knob) and follows each primitive as a sequence of waypoints
+onto a target; push a flat object too wide to grasp along the table; open / close and turn on / off have none
+yet: :class:`UnsupportedGoal`) and follows each primitive as a sequence of waypoints
 through LIBERO's own controller: robosuite's OSC_POSE with delta commands, ``[dx, dy, dz]`` scaled by 0.05 m
 and ``[rx, ry, rz]`` (axis-angle, world frame) by 0.5 rad per step, gripper -1 open / +1 close.
 
@@ -203,7 +204,24 @@ class PickPlace:
     relation: str = "on"
 
 
-Primitive = PickPlace
+@dataclass(frozen=True)
+class Push:
+    """Push ``obj`` along the table until its centre is over ``target``'s (``relation`` as in :class:`PickPlace`):
+    for a flat object wider than the fingers open (LIBERO-Goal's "push the plate to the front of the stove")."""
+
+    obj: str
+    target: str
+    relation: str = "on"
+
+
+Primitive = PickPlace | Push
+FLAT = 0.03                           # thinner than this and wider than MAX_OPENING both ways: pushed, not picked
+
+
+def pushable(body: Body) -> bool:
+    """Flat and wider than the gripper opens in every horizontal direction: a plate."""
+    vert, horiz = upright_axes(body)
+    return 2.0 * float(body.local_half[vert]) < FLAT and 2.0 * float(body.local_half[horiz].min()) > MAX_OPENING
 
 
 class UnsupportedGoal(ValueError):
@@ -222,7 +240,7 @@ def plan_goal(goal: list, scene: Scene) -> list[Primitive]:
                 raise UnsupportedGoal(f"{name} {obj} {target}: {obj} is not a movable object of the scene")
             if target not in scene.bodies and target not in scene.sites:
                 raise UnsupportedGoal(f"{name} {obj} {target}: unknown target {target}")
-            out.append(PickPlace(obj, target, name))
+            out.append((Push if pushable(scene.bodies[obj]) else PickPlace)(obj, target, name))
         else:
             raise UnsupportedGoal(f"no primitive for the goal predicate {pred}")
     return out
@@ -336,6 +354,7 @@ class ExpertConfig:
     release_steps: int = positive(8)
     max_phase_steps: int = positive(80)  # a waypoint not reached by then is given up
     max_retries: int = nonneg(2)         # new grasps after one that did not lift the object
+    max_push_retries: int = nonneg(8)    # new starts of a push whose object slid off the fingers' line
     jitter: float = nonneg(0.0)          # std of seeded waypoint offsets (m), for varied demonstrations
 
     def __post_init__(self):
@@ -381,7 +400,8 @@ class LiberoExpert:
         if self.status != "running":
             return np.array([0.0] * 6 + [OPEN if self.status == "done" else CLOSE])
         self.steps += 1
-        action = self._pick_place(scene, self.primitives[self.index])
+        p = self.primitives[self.index]
+        action = self._push(scene, p) if isinstance(p, Push) else self._pick_place(scene, p)
         return np.clip(action, -1.0, 1.0)
 
     def _next_primitive(self) -> None:
@@ -481,6 +501,52 @@ class LiberoExpert:
             return self._move(scene, target, mem["yaw"], OPEN)
         raise AssertionError(self.phase)
 
+    def _push(self, scene: Scene, p: Push) -> np.ndarray:
+        """Closed fingers down inside the object's rim on the far side from the target, then along the line
+        through its centre to the target, pressing on the rim from inside, re-aimed every step; back to the
+        start when they have slid off the line. From inside, the hand stays over the object, clear of what
+        stands behind it (LIBERO-Goal's plate lies 3 cm from the cabinet's handles)."""
+        cfg, mem = self.cfg, self.mem
+        body = scene.bodies[p.obj]
+        goal, _ = support_height(scene, p.target, p.relation)
+        center = body.center[:2]
+        to_goal = goal - center
+        dist = float(np.linalg.norm(to_goal))
+        d = to_goal / max(dist, 1e-9)
+        _, horiz = upright_axes(body)
+        radius = float(body.local_half[horiz].max())
+        z = float(body.lo[2]) + FINGER_BELOW + 0.007      # fingertips ~7 mm above the object's bottom
+        if "yaw" not in mem:
+            mem["yaw"] = nearest_yaw(math.atan2(d[1], d[0]) + math.pi / 2, closing_yaw(scene.eef_mat))
+        behind = center - d * (radius - 0.025)
+        if dist < 0.012 and self.phase in ("push", "descend"):
+            mem["release_at"] = scene.eef_pos.copy()
+            self._start("retreat")
+        if self.phase == "approach":
+            above = np.r_[behind, float(body.hi[2]) + cfg.hover]
+            if self._reached(scene, above, tol=0.01) or self.steps > cfg.max_phase_steps:
+                self._start("descend")
+            return self._move(scene, above, mem["yaw"], CLOSE)
+        if self.phase == "descend":
+            target = np.r_[behind, z]
+            if self._reached(scene, target, tol=0.006) or self.steps > 40:
+                self._start("push")
+            return self._move(scene, target, mem["yaw"], CLOSE, max_speed=0.6)
+        if self.phase == "push":
+            rel = scene.eef_pos[:2] - center
+            off_line = abs(float(rel[0] * d[1] - rel[1] * d[0]))     # distance from the line centre -> goal
+            if off_line > 0.03 or float(rel @ d) > 0.0 or self.steps > 3 * cfg.max_phase_steps:
+                return self._retry(scene, limit=cfg.max_push_retries)   # slid off or got ahead: start again
+            # well past the rim the fingers press on: the OSC's force grows with the distance to its goal
+            target = np.r_[center - d * (radius - 0.08), z]
+            return self._move(scene, target, mem["yaw"], CLOSE, max_speed=float(np.clip(dist / 0.06, 0.3, 1.0)))
+        if self.phase == "retreat":
+            target = mem["release_at"] + [0.0, 0.0, 0.08]
+            if self._reached(scene, target, tol=0.02) or self.steps > 30:
+                self._next_primitive()
+            return self._move(scene, target, mem["yaw"], CLOSE)
+        raise AssertionError(self.phase)
+
     @staticmethod
     def _grasp(scene: Scene, body: Body, mem: dict) -> tuple[np.ndarray, float]:
         """The grasp chosen at the approach, following the object if it moved since (same place relative to
@@ -490,9 +556,9 @@ class LiberoExpert:
             mem["rim_center"] = body.center.copy()
         return pos + (body.center - mem["rim_center"]) * np.array([1.0, 1.0, 0.0]), yaw
 
-    def _retry(self, scene: Scene) -> np.ndarray:
+    def _retry(self, scene: Scene, limit: int | None = None) -> np.ndarray:
         self.retries += 1
-        if self.retries > self.cfg.max_retries:
+        if self.retries > (self.cfg.max_retries if limit is None else limit):
             self.status = "failed"
             return np.array([0.0] * 6 + [OPEN])
         self._start("approach")

@@ -8,7 +8,8 @@ over the target) earns more than reaching that state once. Success stays LIBERO'
 For one pick-and-place primitive (object O, target T), as ManiSkill's dense pick rewards are built:
 ``phi = (reach + held + held * over) / 3``, with ``reach = 1 - tanh(10 d)`` (d: grip site to O's collision
 box), ``held`` = 1 while the fingers are closed on O (opening above 2 mm and below O's width, the grip site
-within 1 cm of O's box), ``over = 1 - tanh(5 d_xy)`` (d_xy: O's body to T's centre in the table plane); and
+within 1 cm of O's box), ``over = 1 - tanh(5 d_xy)`` (d_xy: O's body to T's centre in the table plane); a pushed
+object (never held) ``phi = (reach + 2 over) / 3``; and
 ``phi = 1`` once O rests at T (d_xy < 3 cm, O's bottom within 3 cm of T's surface), so letting go there costs
 nothing. Several primitives (LIBERO-Long): ``(primitives done + phi of the next one) / their number``.
 """
@@ -19,7 +20,16 @@ import math
 
 import numpy as np
 
-from vla_rl.envs.libero.expert import MAX_OPENING, PickPlace, Scene, plan_goal, read_scene, support_height, upright_axes
+from vla_rl.envs.libero.expert import (
+    MAX_OPENING,
+    PickPlace,
+    Push,
+    Scene,
+    plan_goal,
+    read_scene,
+    support_height,
+    upright_axes,
+)
 
 
 def box_distance(point: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> float:
@@ -53,11 +63,23 @@ def pick_place_progress(scene: Scene, p: PickPlace) -> float:
     return (reach + 1.0 + over) / 3.0
 
 
-def progress(scene: Scene, primitives: list[PickPlace]) -> float:
+def push_progress(scene: Scene, p: Push) -> float:
+    """A pushed object is never held: reaching it counts a third, its distance to the target the rest."""
+    if placed(scene, p):
+        return 1.0
+    body = scene.bodies[p.obj]
+    reach = 1.0 - math.tanh(10.0 * box_distance(scene.eef_pos, body.lo, body.hi))
+    xy, _ = support_height(scene, p.target, p.relation)
+    over = 1.0 - math.tanh(5.0 * float(np.linalg.norm(body.pos[:2] - xy)))
+    return (reach + 2.0 * over) / 3.0
+
+
+def progress(scene: Scene, primitives: list[PickPlace | Push]) -> float:
     """The potential ``phi`` in [0, 1] of ``scene`` for ``primitives`` (see the module docstring)."""
     for k, p in enumerate(primitives):
         if not placed(scene, p):
-            return (k + pick_place_progress(scene, p)) / len(primitives)
+            part = push_progress(scene, p) if isinstance(p, Push) else pick_place_progress(scene, p)
+            return (k + part) / len(primitives)
     return 1.0
 
 
