@@ -41,7 +41,7 @@ from vla_rl.core.schema import to_dict
 from vla_rl.core.threads import policy_threads, threads_setting, torch_threads
 from vla_rl.data.dataset import DemoDataset
 from vla_rl.data.lerobot import write_lerobot_dataset
-from vla_rl.envs.libero.expert import ExpertConfig, LiberoExpert, UnsupportedGoal, plan_goal, read_scene
+from vla_rl.envs.libero.expert import ExpertConfig, LiberoExpert, Push, UnsupportedGoal, plan_goal, read_scene
 from vla_rl.envs.libero.robosuite_env import NUM_FIXED_INIT_STATES, LiberoConfig, LiberoSingleEnv
 from vla_rl.envs.registry import LIBERO
 
@@ -168,7 +168,9 @@ def run_expert_episode(env, task_id: int, init_id: int, *, seed: int, jitter: fl
     if success:
         return frames, True, ""
     where = f"primitive {expert.index + 1}/{len(expert.primitives)}, phase {expert.phase}"
-    why = "the expert gave up (grasps did not hold)" if expert.status == "failed" else \
+    gave_up = "the pushed object kept sliding off the fingers" if isinstance(
+        expert.primitives[min(expert.index, len(expert.primitives) - 1)], Push) else "grasps did not hold"
+    why = f"the expert gave up ({gave_up})" if expert.status == "failed" else \
         f"the plan finished but the goal does not hold ({len(frames)} steps)" if expert.status == "done" else \
         f"step limit ({len(frames)} steps) in {where}"
     return frames, False, why
