@@ -63,6 +63,23 @@ class Site:
 
 
 @dataclass(frozen=True)
+class Drawer:
+    """A region that slides with its drawer (``wooden_cabinet_1_bottom_region``): the drawer's slide joint and the
+    box of its front-most collision geom (the handle), world frame."""
+
+    q: float                         # the slide joint's position
+    axis: np.ndarray                 # [3] world direction the drawer moves as q grows
+    closes_with_q: bool              # closing raises q (LIBERO's wooden / white cabinets) or lowers it
+    handle_lo: np.ndarray            # [3] the geom furthest out along the opening direction
+    handle_hi: np.ndarray
+
+    @property
+    def closing(self) -> np.ndarray:
+        """World direction that pushes the drawer in."""
+        return self.axis if self.closes_with_q else -self.axis
+
+
+@dataclass(frozen=True)
 class Scene:
     """Privileged state of one LIBERO scene, world frame."""
 
@@ -77,6 +94,7 @@ class Scene:
     geom_lo: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
     geom_hi: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
     geom_owner: tuple[str, ...] = ()
+    drawers: dict[str, Drawer] = field(default_factory=dict)   # region site -> its drawer (full scene reads only)
 
     @property
     def gripper_opening(self) -> float:
@@ -131,12 +149,51 @@ def read_scene(env, names=None) -> Scene:
             joints[name] = np.asarray(qpos, dtype=float)
     geom_lo = geom_hi = np.zeros((0, 3))
     owners: tuple[str, ...] = ()
+    drawers = {}
     if names is None:
         geom_lo, geom_hi = pts.min(1), pts.max(1)
         owners = tuple(wanted[r] for r in roots)
+        drawers = read_drawers(env, m, d, sites)
     return Scene(eef_pos=d.site_xpos[site].copy(), eef_mat=d.site_xmat[site].reshape(3, 3).copy(),
                  gripper_qpos=np.array([d.qpos[a] for a in fingers]), bodies=bodies, sites=sites, joints=joints,
-                 geom_lo=geom_lo, geom_hi=geom_hi, geom_owner=owners)
+                 geom_lo=geom_lo, geom_hi=geom_hi, geom_owner=owners, drawers=drawers)
+
+
+# LIBERO's cabinets (libero.libero.envs.objects.articulated_objects): "open" is q below a threshold for these
+# (closing raises q), above one for the short cabinet and the fridge (closing lowers it).
+CLOSES_WITH_Q = {"WoodenCabinet": True, "WhiteCabinet": True, "ShortCabinet": False, "ShortFridge": False}
+
+
+def read_drawers(env, m, d, sites: dict) -> dict:
+    """:class:`Drawer` of every region site whose body slides on a joint of a known cabinet."""
+    import mujoco
+
+    out = {}
+    for name, site in sites.items():
+        obj = env.get_object(site.parent) if site.parent in env.obj_body_id else None
+        if type(obj).__name__ not in CLOSES_WITH_Q:
+            continue
+        body = m.site_bodyid[mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_SITE, name)]
+        joints = [j for j in range(m.njnt) if m.jnt_bodyid[j] == body and m.jnt_type[j] == mujoco.mjtJoint.mjJNT_SLIDE]
+        if len(joints) != 1:
+            continue
+        j = joints[0]
+        axis = d.xmat[body].reshape(3, 3) @ m.jnt_axis[j]
+        closing = axis if CLOSES_WITH_Q[type(obj).__name__] else -axis
+        geoms = [g for g in np.flatnonzero(m.geom_bodyid == body) if m.geom_contype[g] or m.geom_conaffinity[g]]
+        boxes = []
+        for g in geoms:
+            mat = d.geom_xmat[g].reshape(3, 3)
+            center = d.geom_xpos[g] + mat @ m.geom_aabb[g, :3]
+            half = np.abs(mat) @ m.geom_aabb[g, 3:]
+            boxes.append((center - half, center + half))
+        if not boxes:
+            continue
+        # the handle: the geom reaching furthest against the closing direction
+        lo, hi = min(boxes, key=lambda b: float(np.minimum(b[0] * closing, b[1] * closing).sum()))
+        out[name] = Drawer(q=float(d.qpos[m.jnt_qposadr[j]]), axis=axis,
+                           closes_with_q=CLOSES_WITH_Q[type(obj).__name__], handle_lo=lo, handle_hi=hi)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- rotations
@@ -214,7 +271,15 @@ class Push:
     relation: str = "on"
 
 
-Primitive = PickPlace | Push
+@dataclass(frozen=True)
+class CloseDrawer:
+    """Push the drawer that ``region`` slides with all the way in: closed fingers against its handle from the
+    front, along the slide (LIBERO-10's "put the black bowl in the bottom drawer and close it")."""
+
+    region: str
+
+
+Primitive = PickPlace | Push | CloseDrawer
 FLAT = 0.03                           # thinner than this and wider than MAX_OPENING both ways: pushed, not picked
 
 
@@ -232,9 +297,12 @@ def plan_goal(goal: list, scene: Scene) -> list[Primitive]:
     """Primitives achieving the BDDL goal ``goal`` (``parsed_problem["goal_state"]``: a list of predicates
     such as ``["on", "akita_black_bowl_1", "plate_1"]``), in the order given."""
     out: list[Primitive] = []
+    closes: list[Primitive] = []   # after every placement: a drawer is closed on what was put in it
     for pred in goal:
         name = str(pred[0]).lower()
-        if name in ("on", "in") and len(pred) == 3:
+        if name == "close" and len(pred) == 2 and str(pred[1]) in scene.drawers:
+            closes.append(CloseDrawer(str(pred[1])))
+        elif name in ("on", "in") and len(pred) == 3:
             obj, target = str(pred[1]), str(pred[2])
             if obj not in scene.bodies:
                 raise UnsupportedGoal(f"{name} {obj} {target}: {obj} is not a movable object of the scene")
@@ -243,7 +311,7 @@ def plan_goal(goal: list, scene: Scene) -> list[Primitive]:
             out.append((Push if pushable(scene.bodies[obj]) else PickPlace)(obj, target, name))
         else:
             raise UnsupportedGoal(f"no primitive for the goal predicate {pred}")
-    return out
+    return out + closes
 
 
 # ---------------------------------------------------------------------------------------------- grasps
@@ -324,6 +392,26 @@ def support_height(scene: Scene, target: str, relation: str) -> tuple[np.ndarray
     return body.pos[:2].copy(), float(body.hi[2])
 
 
+def place_xy(scene: Scene, target: str, relation: str, body: Body) -> tuple[np.ndarray, float]:
+    """:func:`support_height` for putting ``body`` down, moved out from under the cabinet for an open drawer's
+    region: the object's far side stays in front of the cabinet's other handles (a bowl lowered at the region's
+    centre hit the handle of the drawer above)."""
+    xy, support = support_height(scene, target, relation)
+    drawer = scene.drawers.get(target)
+    if drawer is None:
+        return xy, support
+    c = drawer.closing[:2] / max(float(np.linalg.norm(drawer.closing[:2])), 1e-9)
+    parent = scene.sites[target].parent
+    others = [d for name, d in scene.drawers.items() if name != target and scene.sites[name].parent == parent]
+    if not others:
+        return xy, support
+    limit = min(float(np.minimum(d.handle_lo[:2] * c, d.handle_hi[:2] * c).sum()) for d in others)
+    _, horiz = upright_axes(body)
+    reach = float(body.local_half[horiz].max()) + 0.015
+    along = float(xy @ c)
+    return xy + c * (min(along, limit - reach) - along), support
+
+
 def corridor_top(scene: Scene, start: np.ndarray, end: np.ndarray, margin: float, skip: set[str]) -> float:
     """The highest top of the bodies (except ``skip``) whose boxes, widened by ``margin``, lie on the straight
     path from ``start`` to ``end`` (xy)."""
@@ -355,6 +443,9 @@ class ExpertConfig:
     max_phase_steps: int = positive(80)  # a waypoint not reached by then is given up
     max_retries: int = nonneg(2)         # new grasps after one that did not lift the object
     max_push_retries: int = nonneg(8)    # new starts of a push whose object slid off the fingers' line
+    # closing a drawer, the fingers point along the slide pitched down by this (rad): pointing down, the forearm
+    # hits the cabinet above a low drawer; level, the wrist hits what stands behind the hand
+    close_pitch: float = nonneg(0.8)
     jitter: float = nonneg(0.0)          # std of seeded waypoint offsets (m), for varied demonstrations
 
     def __post_init__(self):
@@ -401,7 +492,8 @@ class LiberoExpert:
             return np.array([0.0] * 6 + [OPEN if self.status == "done" else CLOSE])
         self.steps += 1
         p = self.primitives[self.index]
-        action = self._push(scene, p) if isinstance(p, Push) else self._pick_place(scene, p)
+        act = {Push: self._push, CloseDrawer: self._close_drawer}.get(type(p), self._pick_place)
+        action = act(scene, p)
         return np.clip(action, -1.0, 1.0)
 
     def _next_primitive(self) -> None:
@@ -448,7 +540,7 @@ class LiberoExpert:
             return self._move(scene, mem["grasp_target"], mem["yaw"], CLOSE)
         if self.phase == "lift":
             if "carry_z" not in mem:
-                xy, _ = support_height(scene, p.target, p.relation)
+                xy, _ = place_xy(scene, p.target, p.relation, body)
                 top = corridor_top(scene, body.pos, np.r_[xy, 0.0], 0.5 * float(body.hi[0] - body.lo[0]) + 0.02,
                                    {p.obj})
                 target_top = scene.bodies[p.target].hi[2] if p.target in scene.bodies else \
@@ -469,7 +561,7 @@ class LiberoExpert:
                 self._start("carry")
                 mem["carry_z"] = mem["carry_z"]
             return self._move(scene, target, mem["yaw"], CLOSE)
-        xy, support = support_height(scene, p.target, p.relation)
+        xy, support = place_xy(scene, p.target, p.relation, body)
         shift = xy - body.pos[:2]                          # move the object's body, not the gripper, over xy
         if self.phase == "carry":
             target = np.r_[scene.eef_pos[:2] + shift, mem["carry_z"]]
@@ -545,6 +637,57 @@ class LiberoExpert:
             if self._reached(scene, target, tol=0.02) or self.steps > 30:
                 self._next_primitive()
             return self._move(scene, target, mem["yaw"], CLOSE)
+        raise AssertionError(self.phase)
+
+    def _close_drawer(self, scene: Scene, p: CloseDrawer) -> np.ndarray:
+        """The hand turned to point along the slide (fingers closed, level with the handle), then pushed along
+        it until the drawer stops. Pointing down, the forearm ran into the cabinet above a low drawer before the
+        fingers reached its handle."""
+        cfg, mem = self.cfg, self.mem
+        drawer = scene.drawers[p.region]
+        c = drawer.closing
+        center = (drawer.handle_lo + drawer.handle_hi) / 2
+        depth = 0.5 * float(np.abs(drawer.handle_hi - drawer.handle_lo) @ np.abs(c))
+        # the grip site sits ~1 cm behind the fingertips along the hand's axis
+        front = center - c * (depth + 0.03)
+        if "mat" not in mem:   # fingers (grip z) pitched down from c by ``close_pitch``
+            across = np.array([-c[1], c[0], 0.0]) / max(float(np.linalg.norm(c[:2])), 1e-9)
+            a = cfg.close_pitch
+            z = math.cos(a) * c + math.sin(a) * np.array([0.0, 0.0, -1.0])
+            z /= np.linalg.norm(z)
+            mem["mat"] = np.stack([across, np.cross(z, across), z], axis=1)
+
+        def move(pos, max_speed=None):
+            return pose_action(scene.eef_pos, scene.eef_mat, pos, mem["mat"], CLOSE, gain=cfg.gain,
+                               max_pos=cfg.max_speed if max_speed is None else max_speed)
+
+        turned = abs(rotation_log(mem["mat"] @ scene.eef_mat.T)).max() < 2 * cfg.yaw_tol
+        if self.phase == "approach":   # back from the handle and up, turning on the way
+            start = front - c * 0.08 + [0.0, 0.0, 0.05]
+            # from over the drawer (what was just put in it), up first: moving out low, the hand pulled the handle
+            beyond = float((scene.eef_pos - front) @ c) > -0.02
+            if beyond and scene.eef_pos[2] < center[2] + 0.12:
+                return move(np.r_[scene.eef_pos[:2], center[2] + 0.15])
+            if (self._reached(scene, start, tol=0.015) and turned) or self.steps > cfg.max_phase_steps:
+                self._start("descend")
+            return move(start)
+        if self.phase == "descend":
+            if self._reached(scene, front, tol=0.008) or self.steps > 40:
+                self._start("push")
+            return move(front, max_speed=0.6)
+        if self.phase == "push":
+            qs = mem.setdefault("q", [])
+            qs.append(drawer.q)
+            stopped = len(qs) > 12 and abs(qs[-1] - qs[-10]) < 1e-4
+            if stopped or self.steps > 2 * cfg.max_phase_steps:
+                mem["release_at"] = scene.eef_pos.copy()
+                self._start("retreat")
+            return move(center + c * 0.05, max_speed=0.6)
+        if self.phase == "retreat":
+            target = mem["release_at"] - c * 0.08
+            if self._reached(scene, target, tol=0.02) or self.steps > 30:
+                self._next_primitive()
+            return move(target)
         raise AssertionError(self.phase)
 
     @staticmethod

@@ -77,6 +77,8 @@ def push_progress(scene: Scene, p: Push) -> float:
 def progress(scene: Scene, primitives: list[PickPlace | Push]) -> float:
     """The potential ``phi`` in [0, 1] of ``scene`` for ``primitives`` (see the module docstring)."""
     for k, p in enumerate(primitives):
+        if not isinstance(p, (PickPlace, Push)):   # closing a drawer: no potential, LIBERO's success alone
+            return k / len(primitives)
         if not placed(scene, p):
             part = push_progress(scene, p) if isinstance(p, Push) else pick_place_progress(scene, p)
             return (k + part) / len(primitives)
@@ -90,7 +92,8 @@ class Shaping:
         self.env = getattr(env, "env", env)
         scene = read_scene(self.env)
         self.primitives = plan_goal(self.env.parsed_problem["goal_state"], scene)
-        self.names = {n for p in self.primitives for n in (p.obj, p.target) if n in scene.bodies}
+        self.names = {n for p in self.primitives for n in (getattr(p, "obj", None), getattr(p, "target", None))
+                      if n in scene.bodies}
         self.phi = progress(scene, self.primitives)
 
     def step(self) -> float:

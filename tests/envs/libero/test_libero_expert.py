@@ -186,6 +186,33 @@ def test_expert_pushes_the_plate_to_the_front_of_the_stove():
 
 
 @needs_libero
+def test_expert_pushes_an_open_drawer_shut():
+    """LIBERO-10 task 3's bottom drawer starts open: the CloseDrawer primitive (fingers pitched down along the
+    slide) pushes it in until LIBERO's own close predicate holds."""
+    from vla_rl.envs.libero.expert import CloseDrawer, read_scene
+    from vla_rl.envs.libero.robosuite_env import LiberoConfig, LiberoSingleEnv
+
+    env = LiberoSingleEnv(LiberoConfig(suite="libero_10", task_ids=[3], cameras=(), max_cached_envs=1,
+                                       max_episode_steps=200))
+    try:
+        env.reset_to(3, 0)
+        sim, region = env.sim_env, "white_cabinet_1_bottom_region"
+        scene = read_scene(sim)
+        cabinet = sim.get_object("white_cabinet_1")
+        assert scene.drawers[region].q < -0.14 and not cabinet.is_close(scene.drawers[region].q)
+        assert plan_goal(sim.parsed_problem["goal_state"], scene)[-1] == CloseDrawer(region)   # after the "in"
+        expert = LiberoExpert([CloseDrawer(region)])
+        for _ in range(200):
+            if expert.status != "running":
+                break
+            env.step(expert.act(scene).astype(np.float32))
+            scene = read_scene(sim)
+        assert expert.status == "done" and cabinet.is_close(scene.drawers[region].q)
+    finally:
+        env.close()
+
+
+@needs_libero
 def test_split_substeps_play_an_expert_episode_bit_for_bit():
     # env.libero.fast_substeps (envs/libero/substeps.py) against robosuite's own substep loop: a sampled placement
     # (its settling steps), then a whole expert episode with grasp contacts; every state, action and the final
