@@ -3,8 +3,9 @@
 The expert reads the task's goal (the BDDL problem's goal predicates, ``parsed_problem["goal_state"]``) and
 the scene (end-effector pose, gripper fingers, every object's pose and collision bounding box, the
 regions' sites, the articulated objects' joints), turns the goal into primitives (pick-and-place into or
-onto a target; push a flat object too wide to grasp along the table; open / close and turn on / off have none
-yet: :class:`UnsupportedGoal`) and follows each primitive as a sequence of waypoints
+onto a target; push a flat object too wide to grasp along the table; open / close a cabinet's drawer, with the
+fingers pitched along its slide; turning knobs and hinged doors have none yet: :class:`UnsupportedGoal`) and
+follows each primitive as a sequence of waypoints
 through LIBERO's own controller: robosuite's OSC_POSE with delta commands, ``[dx, dy, dz]`` scaled by 0.05 m
 and ``[rx, ry, rz]`` (axis-angle, world frame) by 0.5 rad per step, gripper -1 open / +1 close.
 
@@ -72,6 +73,7 @@ class Drawer:
     closes_with_q: bool              # closing raises q (LIBERO's wooden / white cabinets) or lowers it
     handle_lo: np.ndarray            # [3] the geom furthest out along the opening direction
     handle_hi: np.ndarray
+    is_open: bool = False            # LIBERO's own predicate of the cabinet (its is_open(q))
 
     @property
     def closing(self) -> np.ndarray:
@@ -191,8 +193,9 @@ def read_drawers(env, m, d, sites: dict) -> dict:
             continue
         # the handle: the geom reaching furthest against the closing direction
         lo, hi = min(boxes, key=lambda b: float(np.minimum(b[0] * closing, b[1] * closing).sum()))
-        out[name] = Drawer(q=float(d.qpos[m.jnt_qposadr[j]]), axis=axis,
-                           closes_with_q=CLOSES_WITH_Q[type(obj).__name__], handle_lo=lo, handle_hi=hi)
+        q = float(d.qpos[m.jnt_qposadr[j]])
+        out[name] = Drawer(q=q, axis=axis, closes_with_q=CLOSES_WITH_Q[type(obj).__name__], handle_lo=lo,
+                           handle_hi=hi, is_open=bool(obj.is_open(q)))
     return out
 
 
@@ -279,7 +282,15 @@ class CloseDrawer:
     region: str
 
 
-Primitive = PickPlace | Push | CloseDrawer
+@dataclass(frozen=True)
+class OpenDrawer:
+    """Pull the drawer that ``region`` slides with open: fingertips hooked behind its handle bar (between the bar
+    and the drawer's face), pulled along the slide (LIBERO-Goal's "open the middle drawer of the cabinet")."""
+
+    region: str
+
+
+Primitive = PickPlace | Push | CloseDrawer | OpenDrawer
 FLAT = 0.03                           # thinner than this and wider than MAX_OPENING both ways: pushed, not picked
 
 
@@ -302,12 +313,18 @@ def plan_goal(goal: list, scene: Scene) -> list[Primitive]:
         name = str(pred[0]).lower()
         if name == "close" and len(pred) == 2 and str(pred[1]) in scene.drawers:
             closes.append(CloseDrawer(str(pred[1])))
+        elif name == "open" and len(pred) == 2 and str(pred[1]) in scene.drawers:
+            if OpenDrawer(str(pred[1])) not in out:
+                out.insert(0, OpenDrawer(str(pred[1])))   # before anything is put in it
         elif name in ("on", "in") and len(pred) == 3:
             obj, target = str(pred[1]), str(pred[2])
             if obj not in scene.bodies:
                 raise UnsupportedGoal(f"{name} {obj} {target}: {obj} is not a movable object of the scene")
             if target not in scene.bodies and target not in scene.sites:
                 raise UnsupportedGoal(f"{name} {obj} {target}: unknown target {target}")
+            drawer = scene.drawers.get(target)
+            if name == "in" and drawer is not None and not drawer.is_open and OpenDrawer(target) not in out:
+                out.append(OpenDrawer(target))   # "put the bowl in the top drawer" of a closed one
             out.append((Push if pushable(scene.bodies[obj]) else PickPlace)(obj, target, name))
         else:
             raise UnsupportedGoal(f"no primitive for the goal predicate {pred}")
@@ -492,7 +509,8 @@ class LiberoExpert:
             return np.array([0.0] * 6 + [OPEN if self.status == "done" else CLOSE])
         self.steps += 1
         p = self.primitives[self.index]
-        act = {Push: self._push, CloseDrawer: self._close_drawer}.get(type(p), self._pick_place)
+        act = {Push: self._push, CloseDrawer: self._close_drawer, OpenDrawer: self._open_drawer}.get(
+            type(p), self._pick_place)
         action = act(scene, p)
         return np.clip(action, -1.0, 1.0)
 
@@ -650,12 +668,8 @@ class LiberoExpert:
         depth = 0.5 * float(np.abs(drawer.handle_hi - drawer.handle_lo) @ np.abs(c))
         # the grip site sits ~1 cm behind the fingertips along the hand's axis
         front = center - c * (depth + 0.03)
-        if "mat" not in mem:   # fingers (grip z) pitched down from c by ``close_pitch``
-            across = np.array([-c[1], c[0], 0.0]) / max(float(np.linalg.norm(c[:2])), 1e-9)
-            a = cfg.close_pitch
-            z = math.cos(a) * c + math.sin(a) * np.array([0.0, 0.0, -1.0])
-            z /= np.linalg.norm(z)
-            mem["mat"] = np.stack([across, np.cross(z, across), z], axis=1)
+        if "mat" not in mem:
+            mem["mat"] = self._slide_pose(c)
 
         def move(pos, max_speed=None):
             return pose_action(scene.eef_pos, scene.eef_mat, pos, mem["mat"], CLOSE, gain=cfg.gain,
@@ -685,6 +699,60 @@ class LiberoExpert:
             return move(center + c * 0.05, max_speed=0.6)
         if self.phase == "retreat":
             target = mem["release_at"] - c * 0.08
+            if self._reached(scene, target, tol=0.02) or self.steps > 30:
+                self._next_primitive()
+            return move(target)
+        raise AssertionError(self.phase)
+
+    def _slide_pose(self, c: np.ndarray) -> np.ndarray:
+        """Grip-site orientation with the fingers (grip z) along the slide direction ``c``, pitched down by
+        ``close_pitch``, closing axis level and across the slide."""
+        across = np.array([-c[1], c[0], 0.0]) / max(float(np.linalg.norm(c[:2])), 1e-9)
+        a = self.cfg.close_pitch
+        z = math.cos(a) * c + math.sin(a) * np.array([0.0, 0.0, -1.0])
+        z /= np.linalg.norm(z)
+        return np.stack([across, np.cross(z, across), z], axis=1)
+
+    def _open_drawer(self, scene: Scene, p: OpenDrawer) -> np.ndarray:
+        """Fingertips pitched along the slide, over the gap behind the handle bar, down into it, then pulled out
+        along the slide until the drawer stops or is open; then up off the bar."""
+        cfg, mem = self.cfg, self.mem
+        drawer = scene.drawers[p.region]
+        c = drawer.closing
+        bar = (drawer.handle_lo + drawer.handle_hi) / 2
+        depth = 0.5 * float(np.abs(drawer.handle_hi - drawer.handle_lo) @ np.abs(c))
+        hook = bar + c * (depth + 0.0105)                  # the middle of the ~2 cm gap behind the bar
+        mat = mem.setdefault("mat", self._slide_pose(c))
+
+        def move(pos, max_speed=None):
+            return pose_action(scene.eef_pos, scene.eef_mat, pos, mat, CLOSE, gain=cfg.gain,
+                               max_pos=cfg.max_speed if max_speed is None else max_speed)
+
+        turned = abs(rotation_log(mat @ scene.eef_mat.T)).max() < 2 * cfg.yaw_tol
+        over = hook + [0.0, 0.0, 0.03]
+        if self.phase == "approach":
+            start = over - c * 0.06 + [0.0, 0.0, 0.02]
+            if (self._reached(scene, start, tol=0.015) and turned) or self.steps > cfg.max_phase_steps:
+                self._start("over")
+            return move(start)
+        if self.phase == "over":
+            if self._reached(scene, over, tol=0.012) or self.steps > 40:
+                self._start("descend")
+            return move(over, max_speed=0.5)
+        if self.phase == "descend":   # as far as the gap lets the fingers in
+            if self._reached(scene, hook, tol=0.005) or self.steps > 12:
+                self._start("pull")
+            return move(hook, max_speed=0.4)
+        if self.phase == "pull":
+            qs = mem.setdefault("q", [])
+            qs.append(drawer.q)
+            stopped = len(qs) > 15 and abs(qs[-1] - qs[-12]) < 1e-4
+            if stopped or self.steps > 2 * cfg.max_phase_steps:
+                mem["release_at"] = scene.eef_pos.copy()
+                self._start("retreat")
+            return move(hook - c * 0.06, max_speed=0.6)      # ahead of the hook: the bar follows the fingers
+        if self.phase == "retreat":
+            target = mem["release_at"] + [0.0, 0.0, 0.06] - c * 0.03
             if self._reached(scene, target, tol=0.02) or self.steps > 30:
                 self._next_primitive()
             return move(target)

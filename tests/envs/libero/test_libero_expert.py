@@ -186,6 +186,16 @@ def test_expert_pushes_the_plate_to_the_front_of_the_stove():
 
 
 @needs_libero
+def test_expert_opens_drawers():
+    """LIBERO-Goal task 0 ("open the middle drawer": the handle above blocks a vertical reach) and task 3 ("open
+    the top drawer and put the bowl inside", whose goal says only "in": the closed drawer is opened first)."""
+    frames, success, why = run_expert("libero_goal", 0, 0)
+    assert success, why
+    frames, success, why = run_expert("libero_goal", 3, 0)
+    assert success, why
+
+
+@needs_libero
 def test_expert_pushes_an_open_drawer_shut():
     """LIBERO-10 task 3's bottom drawer starts open: the CloseDrawer primitive (fingers pitched down along the
     slide) pushes it in until LIBERO's own close predicate holds."""
