@@ -2,14 +2,14 @@
 expert table of RESULTS.md.
 
     python benchmarks/bench_libero_expert.py [--suites libero_spatial,libero_object,libero_goal,libero_10]
-                                             [--init-states 50] [--out runs/libero_expert]
+                                             [--init-states 50] [--out runs/libero_expert] [--report]
 
 Each task runs the expert (``vla-rl collect libero ... policy=expert``'s episode, state only) from its fixed init
 states 0 .. N-1 at the suite's official step limit; a goal the expert has no primitive for is tried once and
-reported with its reason. Every suite's report is saved as ``<out>/<suite>.json`` as soon as it is done and a
-finished suite is not run again, so the command can be stopped and restarted; ``table.md`` (printed too) holds one
-row per task: successes / init states tried, mean length of the successful episodes, and the most common reason
-of the failures.
+reported with its reason. Every suite's report is saved as ``<out>/<suite>.json`` after each task and a finished
+task is not run again, so the command can be stopped and restarted (``--report``: tabulate what is done).
+``table.md`` (printed too) holds one row per task: successes / init states tried, mean length of the successful
+episodes, and the most common reason of the failures.
 """
 
 from __future__ import annotations
@@ -24,18 +24,17 @@ SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10")
 NAMES = {"libero_spatial": "Spatial", "libero_object": "Object", "libero_goal": "Goal", "libero_10": "LIBERO-10"}
 
 
-def run_suite(suite: str, init_states: int) -> list[dict]:
+def run_task(suite: str, task: int, init_states: int) -> dict:
     from vla_rl.data.libero_demos import LiberoRecordConfig, record_libero_episodes
 
-    cfg = LiberoRecordConfig(suite=suite, task_ids=list(range(10)), episodes_per_task=init_states,
-                             max_tries=init_states, policy="expert", cameras=[], state_mode="robot+objects",
-                             threads=1)
+    cfg = LiberoRecordConfig(suite=suite, task_ids=[task], episodes_per_task=init_states, max_tries=init_states,
+                             policy="expert", cameras=[], state_mode="robot+objects", threads=1)
     report: list[dict] = []
     try:
         record_libero_episodes(cfg, progress=False, log=lambda *_: None, report=report)
-    except RuntimeError:   # no task succeeded at all: the report still says why
+    except RuntimeError:   # no episode succeeded: the report still says why
         pass
-    return report
+    return report[0]
 
 
 def reason(r: dict) -> str:
@@ -70,6 +69,7 @@ def main() -> None:
     p.add_argument("--suites", default=",".join(SUITES))
     p.add_argument("--init-states", type=int, default=50, help="fixed init states per task (LIBERO ships 50)")
     p.add_argument("--out", default="runs/libero_expert")
+    p.add_argument("--report", action="store_true", help="run nothing: tabulate the tasks done so far")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -80,12 +80,18 @@ def main() -> None:
         path = out / f"{suite}.json"
         saved = json.loads(path.read_text()) if path.is_file() else None
         if saved is None or saved["init_states"] != args.init_states:
+            saved = {"init_states": args.init_states, "report": [], "cpu_s": 0.0}
+        done = {r["task_id"] for r in saved["report"]}
+        for task in range(10):
+            if task in done or args.report:
+                continue
             t0 = time.process_time()
-            saved = {"init_states": args.init_states, "report": run_suite(suite, args.init_states),
-                     "cpu_s": round(time.process_time() - t0, 1)}
-            path.write_text(json.dumps(saved, indent=1))
-        print(f"{suite}: {sum(r['succeeded'] for r in saved['report'])} / {sum(r['tried'] for r in saved['report'])} "
-              f"episodes succeeded ({saved['cpu_s']} CPU s)", flush=True)
+            saved["report"].append(run_task(suite, task, args.init_states))
+            saved["cpu_s"] = round(saved["cpu_s"] + time.process_time() - t0, 1)
+            path.write_text(json.dumps(saved, indent=1))   # after every task: a stopped run resumes there
+        saved["report"].sort(key=lambda r: r["task_id"])
+        print(f"{suite}: {len(saved['report'])} tasks, {sum(r['succeeded'] for r in saved['report'])} / "
+              f"{sum(r['tried'] for r in saved['report'])} episodes succeeded ({saved['cpu_s']} CPU s)", flush=True)
         reports[suite] = saved["report"]
     text = table(reports)
     (out / "table.md").write_text(text + "\n")
