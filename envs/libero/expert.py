@@ -605,8 +605,12 @@ class LiberoExpert:
                 self._start("retreat")
             return self._move(scene, mem["release_at"], mem["yaw"], OPEN)
         if self.phase == "retreat":
-            target = mem["release_at"] + [0.0, 0.0, 0.08]
-            if self._reached(scene, target, tol=0.02) or self.steps > 30:
+            # up and clear of the container before moving on: 8 cm above the release point left the open
+            # fingers in the basket's handle, and the next approach dragged the basket onto the next object
+            parent = scene.sites[p.target].parent if p.target in scene.sites else p.target
+            top = float(scene.bodies[parent].hi[2]) if parent in scene.bodies else -np.inf
+            target = np.r_[mem["release_at"][:2], max(mem["release_at"][2] + 0.08, top + 0.05)]
+            if self._reached(scene, target, tol=0.02) or self.steps > 40:
                 self._next_primitive()
             return self._move(scene, target, mem["yaw"], OPEN)
         raise AssertionError(self.phase)
