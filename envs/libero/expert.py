@@ -74,6 +74,7 @@ class Drawer:
     handle_lo: np.ndarray            # [3] the geom furthest out along the opening direction
     handle_hi: np.ndarray
     is_open: bool = False            # LIBERO's own predicate of the cabinet (its is_open(q))
+    room: float = 0.0                # how much further it opens (m) before its joint's limit
 
     @property
     def closing(self) -> np.ndarray:
@@ -194,8 +195,10 @@ def read_drawers(env, m, d, sites: dict) -> dict:
         # the handle: the geom reaching furthest against the closing direction
         lo, hi = min(boxes, key=lambda b: float(np.minimum(b[0] * closing, b[1] * closing).sum()))
         q = float(d.qpos[m.jnt_qposadr[j]])
+        lo_q, hi_q = (float(v) for v in m.jnt_range[j])
+        room = q - lo_q if CLOSES_WITH_Q[type(obj).__name__] else hi_q - q
         out[name] = Drawer(q=q, axis=axis, closes_with_q=CLOSES_WITH_Q[type(obj).__name__], handle_lo=lo,
-                           handle_hi=hi, is_open=bool(obj.is_open(q)))
+                           handle_hi=hi, is_open=bool(obj.is_open(q)), room=room)
     return out
 
 
@@ -323,8 +326,10 @@ def plan_goal(goal: list, scene: Scene) -> list[Primitive]:
             if target not in scene.bodies and target not in scene.sites:
                 raise UnsupportedGoal(f"{name} {obj} {target}: unknown target {target}")
             drawer = scene.drawers.get(target)
-            if name == "in" and drawer is not None and not drawer.is_open and OpenDrawer(target) not in out:
-                out.append(OpenDrawer(target))   # "put the bowl in the top drawer" of a closed one
+            # "put the bowl in the top drawer" of a closed one, or of one not open all the way (LIBERO-10's bottom
+            # drawer starts 1.4 cm short: a bowl then lands on its front wall)
+            if name == "in" and drawer is not None and drawer.room > 0.005 and OpenDrawer(target) not in out:
+                out.append(OpenDrawer(target))
             out.append((Push if pushable(scene.bodies[obj]) else PickPlace)(obj, target, name))
         else:
             raise UnsupportedGoal(f"no primitive for the goal predicate {pred}")
@@ -411,8 +416,8 @@ def support_height(scene: Scene, target: str, relation: str) -> tuple[np.ndarray
 
 def place_xy(scene: Scene, target: str, relation: str, body: Body) -> tuple[np.ndarray, float]:
     """:func:`support_height` for putting ``body`` down, moved out from under the cabinet for an open drawer's
-    region: the object's far side stays in front of the cabinet's other handles (a bowl lowered at the region's
-    centre hit the handle of the drawer above)."""
+    region while the object is as high as the cabinet's other handles: its far side passes them in front (a bowl
+    lowered at the region's centre hit the handle of the drawer above), then goes in under them."""
     xy, support = support_height(scene, target, relation)
     drawer = scene.drawers.get(target)
     if drawer is None:
@@ -422,6 +427,8 @@ def place_xy(scene: Scene, target: str, relation: str, body: Body) -> tuple[np.n
     others = [d for name, d in scene.drawers.items() if name != target and scene.sites[name].parent == parent]
     if not others:
         return xy, support
+    if body.hi[2] < min(float(d.handle_lo[2]) for d in others) - 0.005:
+        return xy, support   # below the handles: in under them, to the region's centre
     limit = min(float(np.minimum(d.handle_lo[:2] * c, d.handle_hi[:2] * c).sum()) for d in others)
     _, horiz = upright_axes(body)
     reach = float(body.local_half[horiz].max()) + 0.015
