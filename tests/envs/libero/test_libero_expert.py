@@ -196,6 +196,15 @@ def test_expert_opens_drawers():
 
 
 @needs_libero
+@pytest.mark.parametrize("task_id", [1, 3, 7])
+def test_expert_solves_libero_10_multi_step_tasks(task_id):
+    """Two objects into the basket (1, 7: the retreat clears the basket's handle before the second approach) and
+    the bowl into the bottom drawer, then the drawer shut (3: opened fully first, pushed closed last)."""
+    frames, success, why = run_expert("libero_10", task_id, 0)
+    assert success, why
+
+
+@needs_libero
 def test_expert_pushes_an_open_drawer_shut():
     """LIBERO-10 task 3's bottom drawer starts open: the CloseDrawer primitive (fingers pitched down along the
     slide) pushes it in until LIBERO's own close predicate holds."""
