@@ -4,8 +4,8 @@ The expert reads the task's goal (the BDDL problem's goal predicates, ``parsed_p
 the scene (end-effector pose, gripper fingers, every object's pose and collision bounding box, the
 regions' sites, the articulated objects' joints), turns the goal into primitives (pick-and-place into or
 onto a target; push a flat object too wide to grasp along the table; open / close a cabinet's drawer, with the
-fingers pitched along its slide; turning knobs and hinged doors have none yet: :class:`UnsupportedGoal`) and
-follows each primitive as a sequence of waypoints
+fingers pitched along its slide; turn a stove's knob on by grasping and twisting it; hinged doors have none yet:
+:class:`UnsupportedGoal`) and follows each primitive as a sequence of waypoints
 through LIBERO's own controller: robosuite's OSC_POSE with delta commands, ``[dx, dy, dz]`` scaled by 0.05 m
 and ``[rx, ry, rz]`` (axis-angle, world frame) by 0.5 rad per step, gripper -1 open / +1 close.
 
@@ -83,6 +83,18 @@ class Drawer:
 
 
 @dataclass(frozen=True)
+class Knob:
+    """A stove's control knob (LIBERO's ``FlatStove`` button): a hinge turned by grasping its bar and twisting."""
+
+    q: float                         # the hinge's angle
+    pivot: np.ndarray                # [3] the hinge's anchor, world frame
+    axis: np.ndarray                 # [3] world direction of the hinge (turning on raises q)
+    bar_lo: np.ndarray               # [3] world box of the knob's bar (its largest collision geom)
+    bar_hi: np.ndarray
+    is_on: bool = False              # LIBERO's own predicate (turn_on(q))
+
+
+@dataclass(frozen=True)
 class Scene:
     """Privileged state of one LIBERO scene, world frame."""
 
@@ -98,6 +110,7 @@ class Scene:
     geom_hi: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
     geom_owner: tuple[str, ...] = ()
     drawers: dict[str, Drawer] = field(default_factory=dict)   # region site -> its drawer (full scene reads only)
+    knobs: dict[str, Knob] = field(default_factory=dict)       # stove -> its knob (full scene reads only)
 
     @property
     def gripper_opening(self) -> float:
@@ -152,14 +165,52 @@ def read_scene(env, names=None) -> Scene:
             joints[name] = np.asarray(qpos, dtype=float)
     geom_lo = geom_hi = np.zeros((0, 3))
     owners: tuple[str, ...] = ()
-    drawers = {}
+    drawers, knobs = {}, {}
     if names is None:
         geom_lo, geom_hi = pts.min(1), pts.max(1)
         owners = tuple(wanted[r] for r in roots)
-        drawers = read_drawers(env, m, d, sites)
+        drawers, knobs = read_drawers(env, m, d, sites), read_knobs(env, m, d)
     return Scene(eef_pos=d.site_xpos[site].copy(), eef_mat=d.site_xmat[site].reshape(3, 3).copy(),
                  gripper_qpos=np.array([d.qpos[a] for a in fingers]), bodies=bodies, sites=sites, joints=joints,
-                 geom_lo=geom_lo, geom_hi=geom_hi, geom_owner=owners, drawers=drawers)
+                 geom_lo=geom_lo, geom_hi=geom_hi, geom_owner=owners, drawers=drawers, knobs=knobs)
+
+
+def _geom_boxes(m, d, body: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """World boxes (lo, hi) of the collision geoms of ``body``."""
+    out = []
+    for g in np.flatnonzero(m.geom_bodyid == body):
+        if not (m.geom_contype[g] or m.geom_conaffinity[g]):
+            continue
+        mat = d.geom_xmat[g].reshape(3, 3)
+        center = d.geom_xpos[g] + mat @ m.geom_aabb[g, :3]
+        half = np.abs(mat) @ m.geom_aabb[g, 3:]
+        out.append((center - half, center + half))
+    return out
+
+
+def read_knobs(env, m, d) -> dict:
+    """:class:`Knob` of every LIBERO ``FlatStove`` in the scene (its one hinge joint)."""
+    import mujoco
+
+    out = {}
+    for name in env.obj_body_id:
+        obj = env.get_object(name)
+        if type(obj).__name__ != "FlatStove":
+            continue
+        for joint in getattr(obj, "joints", None) or []:
+            j = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_JOINT, joint)
+            if j < 0 or m.jnt_type[j] != mujoco.mjtJoint.mjJNT_HINGE:
+                continue
+            body = m.jnt_bodyid[j]
+            mat = d.xmat[body].reshape(3, 3)
+            boxes = _geom_boxes(m, d, body)
+            if not boxes:
+                continue
+            lo, hi = max(boxes, key=lambda b: float(np.prod(b[1] - b[0])))
+            q = float(d.qpos[m.jnt_qposadr[j]])
+            out[name] = Knob(q=q, pivot=d.xpos[body] + mat @ m.jnt_pos[j], axis=mat @ m.jnt_axis[j], bar_lo=lo,
+                             bar_hi=hi, is_on=bool(obj.turn_on(q)))
+    return out
 
 
 # LIBERO's cabinets (libero.libero.envs.objects.articulated_objects): "open" is q below a threshold for these
@@ -183,13 +234,7 @@ def read_drawers(env, m, d, sites: dict) -> dict:
         j = joints[0]
         axis = d.xmat[body].reshape(3, 3) @ m.jnt_axis[j]
         closing = axis if CLOSES_WITH_Q[type(obj).__name__] else -axis
-        geoms = [g for g in np.flatnonzero(m.geom_bodyid == body) if m.geom_contype[g] or m.geom_conaffinity[g]]
-        boxes = []
-        for g in geoms:
-            mat = d.geom_xmat[g].reshape(3, 3)
-            center = d.geom_xpos[g] + mat @ m.geom_aabb[g, :3]
-            half = np.abs(mat) @ m.geom_aabb[g, 3:]
-            boxes.append((center - half, center + half))
+        boxes = _geom_boxes(m, d, body)
         if not boxes:
             continue
         # the handle: the geom reaching furthest against the closing direction
@@ -293,7 +338,15 @@ class OpenDrawer:
     region: str
 
 
-Primitive = PickPlace | Push | CloseDrawer | OpenDrawer
+@dataclass(frozen=True)
+class TurnOn:
+    """Turn ``stove``'s knob on: grasp its bar across, twist the wrist about the hinge (LIBERO's "turn on the
+    stove"; a push on the bar stalls against the hinge's damping, and its long arm is out of reach)."""
+
+    stove: str
+
+
+Primitive = PickPlace | Push | CloseDrawer | OpenDrawer | TurnOn
 FLAT = 0.03                           # thinner than this and wider than MAX_OPENING both ways: pushed, not picked
 
 
@@ -316,6 +369,9 @@ def plan_goal(goal: list, scene: Scene) -> list[Primitive]:
         name = str(pred[0]).lower()
         if name == "close" and len(pred) == 2 and str(pred[1]) in scene.drawers:
             closes.append(CloseDrawer(str(pred[1])))
+        elif name == "turnon" and len(pred) == 2 and str(pred[1]) in scene.knobs:
+            if not scene.knobs[str(pred[1])].is_on:
+                out.append(TurnOn(str(pred[1])))
         elif name == "open" and len(pred) == 2 and str(pred[1]) in scene.drawers:
             if OpenDrawer(str(pred[1])) not in out:
                 out.insert(0, OpenDrawer(str(pred[1])))   # before anything is put in it
@@ -470,6 +526,7 @@ class ExpertConfig:
     # closing a drawer, the fingers point along the slide pitched down by this (rad): pointing down, the forearm
     # hits the cabinet above a low drawer; level, the wrist hits what stands behind the hand
     close_pitch: float = nonneg(0.8)
+    twist: float = positive(0.9)         # how far the wrist turns a knob (rad; LIBERO's stove is on from 0.5)
     jitter: float = nonneg(0.0)          # std of seeded waypoint offsets (m), for varied demonstrations
 
     def __post_init__(self):
@@ -516,8 +573,8 @@ class LiberoExpert:
             return np.array([0.0] * 6 + [OPEN if self.status == "done" else CLOSE])
         self.steps += 1
         p = self.primitives[self.index]
-        act = {Push: self._push, CloseDrawer: self._close_drawer, OpenDrawer: self._open_drawer}.get(
-            type(p), self._pick_place)
+        act = {Push: self._push, CloseDrawer: self._close_drawer, OpenDrawer: self._open_drawer,
+               TurnOn: self._turn_on}.get(type(p), self._pick_place)
         action = act(scene, p)
         return np.clip(action, -1.0, 1.0)
 
@@ -767,6 +824,55 @@ class LiberoExpert:
             if self._reached(scene, target, tol=0.02) or self.steps > 30:
                 self._next_primitive()
             return move(target)
+        raise AssertionError(self.phase)
+
+    def _turn_on(self, scene: Scene, p: TurnOn) -> np.ndarray:
+        """Open fingers down across the knob's bar at its middle, 1.5 cm below its top; close; twist the grip
+        about the hinge (the grip site on its circle round the pivot) until the knob is on; let go, up."""
+        cfg, mem = self.cfg, self.mem
+        knob = scene.knobs[p.stove]
+        if "grip" not in mem:   # from the scene before any motion: where the bar is, and across it
+            size = knob.bar_hi - knob.bar_lo
+            along = np.array([1.0, 0.0, 0.0]) if size[0] >= size[1] else np.array([0.0, 1.0, 0.0])
+            center = (knob.bar_lo + knob.bar_hi) / 2
+            mem["grip"] = np.r_[center[:2], knob.bar_hi[2] - 0.015]
+            mem["yaw"] = nearest_yaw(math.atan2(along[1], along[0]) + math.pi / 2, closing_yaw(scene.eef_mat))
+            mem["sign"] = 1.0 if knob.axis[2] >= 0 else -1.0   # turning on raises q: twist about the hinge's axis
+            mem["q0"] = knob.q
+        grip, yaw = mem["grip"], mem["yaw"]
+        if self.phase == "approach":
+            above = grip + [0.0, 0.0, cfg.hover]
+            if self._reached(scene, above, yaw, tol=0.01) or self.steps > cfg.max_phase_steps:
+                self._start("descend")
+            return self._move(scene, above, yaw, OPEN)
+        if self.phase == "descend":
+            if self._reached(scene, grip, tol=0.006) or self.steps > 40:
+                self._start("close")
+            return self._move(scene, grip, yaw, OPEN, max_speed=0.5)
+        if self.phase == "close":
+            if self.steps >= cfg.grasp_steps:
+                self._start("twist")
+            return self._move(scene, grip, yaw, CLOSE)
+        if self.phase == "twist":
+            angle = min(cfg.twist, 0.03 * self.steps)            # ramped, ~1.7 degrees a step
+            turned = mem["sign"] * angle
+            offset = grip - knob.pivot
+            c, s_ = math.cos(turned), math.sin(turned)
+            target = knob.pivot + np.array([c * offset[0] - s_ * offset[1], s_ * offset[0] + c * offset[1], offset[2]])
+            if knob.is_on or self.steps > cfg.max_phase_steps:
+                mem["release_at"] = scene.eef_pos.copy()
+                mem["release_yaw"] = yaw + turned
+                self._start("release")
+            return self._move(scene, target, yaw + turned, CLOSE)
+        if self.phase == "release":
+            if self.steps >= cfg.release_steps:
+                self._start("retreat")
+            return self._move(scene, mem["release_at"], mem["release_yaw"], OPEN)
+        if self.phase == "retreat":
+            target = mem["release_at"] + [0.0, 0.0, 0.08]
+            if self._reached(scene, target, tol=0.02) or self.steps > 30:
+                self._next_primitive()
+            return self._move(scene, target, mem["release_yaw"], OPEN)
         raise AssertionError(self.phase)
 
     @staticmethod
