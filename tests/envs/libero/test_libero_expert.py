@@ -322,15 +322,15 @@ def test_a_region_of_interest_is_in_the_state_by_its_site():
 
 @needs_libero
 def test_a_goal_the_expert_cannot_plan_is_tried_once_per_task(capsys):
-    """LIBERO-Goal task 7 ("turn on the stove") has no primitive: the recording says why once and moves on instead
-    of resetting each of its init states to fail the same way."""
+    """LIBERO-10 task 9 ("... in the microwave and close it": a hinged door) has no primitive: the recording says
+    why once and moves on instead of resetting each of its init states to fail the same way."""
     from vla_rl.data.libero_demos import LiberoRecordConfig, record_libero_episodes, report_table
 
-    cfg = LiberoRecordConfig(suite="libero_goal", task_ids=[7], policy="expert", episodes_per_task=2, max_tries=10,
+    cfg = LiberoRecordConfig(suite="libero_10", task_ids=[9], policy="expert", episodes_per_task=2, max_tries=10,
                              cameras=[], seed=0)
     report: list = []
     logged: list[str] = []
-    with pytest.raises(RuntimeError, match="task 7: unsupported goal"):   # nothing recorded: no dataset
+    with pytest.raises(RuntimeError, match="task 9: unsupported goal"):   # nothing recorded: no dataset
         record_libero_episodes(cfg, progress=False, log=logged.append, report=report)
     (task,) = report
     assert task["tried"] == 1 and task["succeeded"] == 0 and task["unsupported"].startswith("unsupported goal")
