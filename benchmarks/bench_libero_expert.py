@@ -8,8 +8,8 @@ Each task runs the expert (``vla-rl collect libero ... policy=expert``'s episode
 states 0 .. N-1 at the suite's official step limit; a goal the expert has no primitive for is tried once and
 reported with its reason. Every suite's report is saved as ``<out>/<suite>.json`` after each task and a finished
 task is not run again, so the command can be stopped and restarted (``--report``: tabulate what is done).
-``table.md`` (printed too) holds one row per task: successes / init states tried, mean length of the successful
-episodes, and the most common reason of the failures.
+``table.md`` (printed too) holds one row per task id and a column per suite: successes / init states tried (mean
+length of the successful episodes), then every task below 90 % with the most common reason of its failures.
 """
 
 from __future__ import annotations
@@ -50,18 +50,29 @@ def reason(r: dict) -> str:
 
 
 def table(reports: dict[str, list[dict]]) -> str:
-    lines = ["| suite | task | instruction | succeeded / tried | mean length | failures: most common reason |",
-             "|---|---|---|---|---|---|"]
-    for suite, report in reports.items():
-        for r in report:
-            length = f"{r['mean_length']:.0f}" if r["mean_length"] is not None else "-"
-            lines.append(f"| {NAMES[suite]} | {r['task_id']} | {r['instruction']} | {r['succeeded']} / {r['tried']} | "
-                         f"{length} | {reason(r)} |")
-    for suite, report in reports.items():
-        good = sum(1 for r in report if r["tried"] and r["succeeded"] / r["tried"] >= 0.9 and not r.get("unsupported"))
-        lines.append(f"| {NAMES[suite]} | all | tasks at >= 90 %: {good} of {len(report)} | "
-                     f"{sum(r['succeeded'] for r in report)} / {sum(r['tried'] for r in report)} | | |")
-    return "\n".join(lines)
+    """One row per task id, one column per suite: successes / init states tried (mean length of the successful
+    episodes); then each suite's tasks at >= 90 %, and the reason of every task below it."""
+    suites = list(reports)
+    by_id = {s: {r["task_id"]: r for r in reports[s]} for s in suites}
+    lines = ["| task | " + " | ".join(NAMES[s] for s in suites) + " |", "|---" * (len(suites) + 1) + "|"]
+
+    def cell(r: dict | None) -> str:
+        if r is None:
+            return ""
+        if r.get("unsupported"):
+            return "no plan"
+        length = f" ({r['mean_length']:.0f})" if r["mean_length"] is not None else ""
+        return f"{r['succeeded']} / {r['tried']}{length}"
+
+    for task in range(10):
+        lines.append(f"| {task} | " + " | ".join(cell(by_id[s].get(task)) for s in suites) + " |")
+    good = [sum(1 for r in reports[s] if not r.get("unsupported") and r["tried"]
+                and r["succeeded"] / r["tried"] >= 0.9) for s in suites]
+    lines.append("| tasks at ≥ 90 % | " + " | ".join(f"**{g} / {len(reports[s])}**" for g, s in zip(good, suites))
+                 + " |")
+    notes = [f"- {NAMES[s]} {r['task_id']} ({r['instruction']}): {reason(r)}" for s in suites for r in reports[s]
+             if r.get("unsupported") or (r["tried"] and r["succeeded"] / r["tried"] < 0.9)]
+    return "\n".join(lines + ([""] + notes if notes else []))
 
 
 def main() -> None:
