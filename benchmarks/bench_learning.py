@@ -189,7 +189,10 @@ def table(curves: dict[str, dict[str, list]], reached: dict[str, dict[str, list[
             f"{fmt(best)} | "
             f"{' / '.join(f'{st:,}' for st, _ in to_best)} | {' / '.join(f'{w:.0f}' for _, w in to_best)} | "
             f"{' / '.join(a for a, _ in to_90)} | {' / '.join(b for _, b in to_90)} |")
-    return "\n".join(lines)
+    per_seed = [f"- {task} {LABELS[method]}, SFT -> after RL per seed: "
+                + ", ".join(f"{c[0][2]:.2f} -> {c[-1][2]:.2f} ({c[-1][2] - c[0][2]:+.2f})" for c in runs)
+                for task, by_method in curves.items() for method, runs in by_method.items() if runs]
+    return "\n".join(lines + [""] + per_seed)
 
 
 def plot(curves: dict[str, list], path: Path, title: str) -> bool:
