@@ -480,7 +480,9 @@ def place_xy(scene: Scene, target: str, relation: str, body: Body) -> tuple[np.n
         return xy, support
     c = drawer.closing[:2] / max(float(np.linalg.norm(drawer.closing[:2])), 1e-9)
     parent = scene.sites[target].parent
-    others = [d for name, d in scene.drawers.items() if name != target and scene.sites[name].parent == parent]
+    # the handles an object lowered into this drawer passes: the drawers above it in the same cabinet
+    others = [d for name, d in scene.drawers.items() if name != target and scene.sites[name].parent == parent
+              and d.handle_lo[2] > drawer.handle_hi[2]]
     if not others:
         return xy, support
     if body.hi[2] < min(float(d.handle_lo[2]) for d in others) - 0.005:
