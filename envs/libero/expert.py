@@ -424,14 +424,16 @@ def collisions(scene: Scene, boxes, skip: str) -> int:
 
 
 def grasp_pose(body: Body, eef_pos: np.ndarray, eef_yaw: float, scene: Scene | None = None,
-               name: str = "") -> tuple[np.ndarray, float]:
+               name: str = "", place: tuple[np.ndarray, float] | None = None) -> tuple[np.ndarray, float]:
     """Where the grip site goes to grasp ``body`` (called ``name`` in ``scene``) from above, and the closing
     axis' yaw there.
 
     An object narrower than the fingers' opening is grasped at its box centre, closing across its narrow
     horizontal side, near its top (at most 3 cm down, not below 1 cm above its bottom). A wider one (a bowl)
     is grasped by its rim, closing radially, on the side facing the gripper among those where the fingers and
-    the hand run into no other geom of ``scene`` (a bowl in a drawer is taken from the open side)."""
+    the hand run into no other geom of ``scene`` (a bowl in a drawer is taken from the open side), there and, given
+    ``place`` (the xy the object goes to and the surface it is set on), where it is set down (a bowl put on a plate
+    beside the cabinet is held on the side away from the cabinet's handles)."""
     _, horiz = upright_axes(body)
     widths = 2.0 * body.local_half[horiz]
     height = float(body.hi[2] - body.lo[2])
@@ -450,6 +452,9 @@ def grasp_pose(body: Body, eef_pos: np.ndarray, eef_yaw: float, scene: Scene | N
         yaw = facing + (math.pi / 8) * ((k + 1) // 2) * (1 if k % 2 else -1)
         pos = np.r_[center[:2] + (radius - 0.015) * np.array([math.cos(yaw), math.sin(yaw)]), z]
         hits = collisions(scene, gripper_boxes(pos, yaw), name) if scene is not None else 0
+        if place is not None and scene is not None:
+            moved = np.r_[place[0] - center[:2], place[1] + 0.015 - body.lo[2]]
+            hits += collisions(scene, gripper_boxes(pos + moved, yaw), name)
         if best is None or hits < best[0]:
             best = (hits, pos, yaw)
         if hits == 0:
@@ -597,7 +602,8 @@ class LiberoExpert:
                 mem["hover"] = cfg.hover + abs(float(self._jitter(1)[0]))
                 mem["yaw"] = None
             if "rim" not in mem:     # choose the grasp once, from the scene before any motion
-                mem["rim"] = grasp_pose(body, scene.eef_pos, yaw_now, scene, p.obj)
+                mem["rim"] = grasp_pose(body, scene.eef_pos, yaw_now, scene, p.obj,
+                                        place=place_xy(scene, p.target, p.relation, body))
             grasp, yaw = self._grasp(scene, body, mem)
             mem["yaw"] = yaw
             above = grasp + mem["offset"] + [0.0, 0.0, mem["hover"]]
