@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -43,8 +44,7 @@ def reason(r: dict) -> str:
     if not r["failed"]:
         return ""
     # "step limit (300 steps) in primitive 1/2, phase lower" -> counted without the step count
-    kinds = Counter(why.split(" (")[0] + (" in " + why.split(" in ", 1)[1] if " in " in why else "")
-                    for why in r["failed"].values())
+    kinds = Counter(re.sub(r" \(\d+ steps\)", "", why) for why in r["failed"].values())
     text, n = kinds.most_common(1)[0]
     return f"{text} ({n} of {len(r['failed'])})"
 

@@ -31,6 +31,8 @@ def test_table_counts_tasks_at_90_percent_and_names_the_rest():
     assert lines[2] == "| 0 | 20 / 20 (100) | no plan |" and lines[3] == "| 1 | 17 / 20 (100) | 18 / 20 (100) |"
     assert "| tasks at ≥ 90 % | **1 / 2** | **1 / 2** |" in text
     assert "- Goal 1 (task 1): step limit in primitive 1/1, phase lower (2 of 3)" in text
+    reports["libero_goal"][1]["failed"] = {"1": "the expert gave up (grasps did not hold)"}
+    assert "- Goal 1 (task 1): the expert gave up (grasps did not hold) (1 of 1)" in bench.table(reports)
     assert "- LIBERO-10 0 (task 0): unsupported goal" in text
 
 
