@@ -81,6 +81,15 @@ class Drawer:
         """World direction that pushes the drawer in."""
         return self.axis if self.closes_with_q else -self.axis
 
+    @property
+    def handle_center(self) -> np.ndarray:
+        return (self.handle_lo + self.handle_hi) / 2
+
+    @property
+    def handle_depth(self) -> float:
+        """Half the handle's extent along the slide."""
+        return 0.5 * float(np.abs(self.handle_hi - self.handle_lo) @ np.abs(self.closing))
+
 
 @dataclass(frozen=True)
 class Knob:
@@ -568,6 +577,22 @@ class LiberoExpert:
         return pose_action(scene.eef_pos, scene.eef_mat, pos, down_orientation(yaw), grip, gain=self.cfg.gain,
                            max_pos=self.cfg.max_speed if max_speed is None else max_speed)
 
+    def _move_to_pose(self, scene: Scene, pos: np.ndarray, mat: np.ndarray, grip: float,
+                      max_speed: float | None = None) -> np.ndarray:
+        """:meth:`_move` for a grip-site orientation other than pointing down (the drawers' pitched fingers)."""
+        return pose_action(scene.eef_pos, scene.eef_mat, pos, mat, grip, gain=self.cfg.gain,
+                           max_pos=self.cfg.max_speed if max_speed is None else max_speed)
+
+    def _turned(self, scene: Scene, mat: np.ndarray) -> bool:
+        return abs(rotation_log(mat @ scene.eef_mat.T)).max() < 2 * self.cfg.yaw_tol
+
+    def _drawer_stopped(self, drawer: Drawer, after: int, span: int) -> bool:
+        """The drawer's joint, logged every step of the phase, moved less than 0.1 mm over the last ``span``
+        steps (once more than ``after`` are logged): it hit its end stop, or something holds it."""
+        qs = self.mem.setdefault("q", [])
+        qs.append(drawer.q)
+        return len(qs) > after and abs(qs[-1] - qs[-span]) < 1e-4
+
     def _reached(self, scene: Scene, pos: np.ndarray, yaw: float | None = None, tol: float | None = None) -> bool:
         ok = float(np.linalg.norm(scene.eef_pos - pos)) < (tol or self.cfg.pos_tol)
         if yaw is not None:
@@ -739,19 +764,17 @@ class LiberoExpert:
         fingers reached its handle."""
         cfg, mem = self.cfg, self.mem
         drawer = scene.drawers[p.region]
-        c = drawer.closing
-        center = (drawer.handle_lo + drawer.handle_hi) / 2
-        depth = 0.5 * float(np.abs(drawer.handle_hi - drawer.handle_lo) @ np.abs(c))
+        c, center = drawer.closing, drawer.handle_center
         # the grip site sits ~1 cm behind the fingertips along the hand's axis
-        front = center - c * (depth + 0.03)
-        if "mat" not in mem:
+        front = center - c * (drawer.handle_depth + 0.03)
+        if "mat" not in mem:   # once a primitive: the slide does not turn
             mem["mat"] = self._slide_pose(c)
+        mat = mem["mat"]
 
         def move(pos, max_speed=None):
-            return pose_action(scene.eef_pos, scene.eef_mat, pos, mem["mat"], CLOSE, gain=cfg.gain,
-                               max_pos=cfg.max_speed if max_speed is None else max_speed)
+            return self._move_to_pose(scene, pos, mat, CLOSE, max_speed)
 
-        turned = abs(rotation_log(mem["mat"] @ scene.eef_mat.T)).max() < 2 * cfg.yaw_tol
+        turned = self._turned(scene, mat)
         if self.phase == "approach":   # back from the handle and up, turning on the way
             start = front - c * 0.08 + [0.0, 0.0, 0.05]
             # from over the drawer (what was just put in it), up first: moving out low, the hand pulled the handle
@@ -766,10 +789,7 @@ class LiberoExpert:
                 self._start("push")
             return move(front, max_speed=0.6)
         if self.phase == "push":
-            qs = mem.setdefault("q", [])
-            qs.append(drawer.q)
-            stopped = len(qs) > 12 and abs(qs[-1] - qs[-10]) < 1e-4
-            if stopped or self.steps > 2 * cfg.max_phase_steps:
+            if self._drawer_stopped(drawer, after=12, span=10) or self.steps > 2 * cfg.max_phase_steps:
                 mem["release_at"] = scene.eef_pos.copy()
                 self._start("retreat")
             return move(center + c * 0.05, max_speed=0.6)
@@ -795,16 +815,16 @@ class LiberoExpert:
         cfg, mem = self.cfg, self.mem
         drawer = scene.drawers[p.region]
         c = drawer.closing
-        bar = (drawer.handle_lo + drawer.handle_hi) / 2
-        depth = 0.5 * float(np.abs(drawer.handle_hi - drawer.handle_lo) @ np.abs(c))
-        hook = bar + c * (depth + 0.0105)                  # the middle of the ~2 cm gap behind the bar
-        mat = mem.setdefault("mat", self._slide_pose(c))
+        # the middle of the ~2 cm gap behind the bar
+        hook = drawer.handle_center + c * (drawer.handle_depth + 0.0105)
+        if "mat" not in mem:   # once a primitive: the slide does not turn
+            mem["mat"] = self._slide_pose(c)
+        mat = mem["mat"]
 
         def move(pos, max_speed=None):
-            return pose_action(scene.eef_pos, scene.eef_mat, pos, mat, CLOSE, gain=cfg.gain,
-                               max_pos=cfg.max_speed if max_speed is None else max_speed)
+            return self._move_to_pose(scene, pos, mat, CLOSE, max_speed)
 
-        turned = abs(rotation_log(mat @ scene.eef_mat.T)).max() < 2 * cfg.yaw_tol
+        turned = self._turned(scene, mat)
         over = hook + [0.0, 0.0, 0.03]
         if self.phase == "approach":
             start = over - c * 0.06 + [0.0, 0.0, 0.02]
@@ -820,10 +840,7 @@ class LiberoExpert:
                 self._start("pull")
             return move(hook, max_speed=0.4)
         if self.phase == "pull":
-            qs = mem.setdefault("q", [])
-            qs.append(drawer.q)
-            stopped = len(qs) > 15 and abs(qs[-1] - qs[-12]) < 1e-4
-            if stopped or self.steps > 2 * cfg.max_phase_steps:
+            if self._drawer_stopped(drawer, after=15, span=12) or self.steps > 2 * cfg.max_phase_steps:
                 mem["release_at"] = scene.eef_pos.copy()
                 self._start("retreat")
             return move(hook - c * 0.06, max_speed=0.6)      # ahead of the hook: the bar follows the fingers

@@ -77,7 +77,7 @@ def push_progress(scene: Scene, p: Push) -> float:
 def progress(scene: Scene, primitives: list[PickPlace | Push]) -> float:
     """The potential ``phi`` in [0, 1] of ``scene`` for ``primitives`` (see the module docstring)."""
     for k, p in enumerate(primitives):
-        if not isinstance(p, (PickPlace, Push)):   # closing a drawer: no potential, LIBERO's success alone
+        if not isinstance(p, (PickPlace, Push)):   # a drawer or a knob: no potential, LIBERO's success alone
             return k / len(primitives)
         if not placed(scene, p):
             part = push_progress(scene, p) if isinstance(p, Push) else pick_place_progress(scene, p)
