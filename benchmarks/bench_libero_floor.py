@@ -1,15 +1,17 @@
-"""Where a state-only LIBERO env-step's CPU time goes, and so how much cheaper any backend with robosuite-LIBERO's
-exact trajectories could be: MuJoCo's own physics (``mj_step1`` + ``mj_step2``, 25 substeps) is the floor.
+"""Where a state-only LIBERO env-step's CPU time goes, for each way the adapter can step it, side by side in one
+process: robosuite's own loop (``direct_step=false fast_substeps=false``), its substeps split (``direct_step=false``)
+and the direct step (the default, ``envs/libero/direct.py``). MuJoCo's own physics (``mj_step1`` + ``mj_step2``, 25
+substeps) is the floor any backend with robosuite-LIBERO's exact trajectories stays above.
 
-    python benchmarks/bench_libero_floor.py [--steps 200] [--suite libero_spatial] [--task 0]
+    python benchmarks/bench_libero_floor.py [--steps 200] [--suite libero_spatial] [--task 0] [--repeats 3]
 
-One ``LiberoSingleEnv`` (state only, the adapter's one-forward-pass substeps) takes ``--steps`` random actions
-from init state 0 under ``cProfile``; its functions' own time is summed into: MuJoCo's physics, robosuite's
-arm and gripper controllers (``robosuite/controllers``, ``robots``, ``control_utils``), its observables
-(``utils/observables.py`` and ``_update_observables``), and the rest (our adapter, robosuite's env loop, numpy
-glue). Prints a markdown table and the ratio total / physics: the most a backend that keeps the physics could
-save. Profiling adds overhead to the Python parts, so the ratio is an upper bound; a plain timing of the same
-steps is printed beside it.
+For each way, one ``LiberoSingleEnv`` (state only) takes the same ``--steps`` random actions from init state 0,
+timed plain (CPU seconds, the best of ``--repeats`` runs), then once more under ``cProfile``, whose functions' own
+time is summed into: MuJoCo's physics, robosuite's arm and gripper controllers (``robosuite/controllers``,
+``robots``, ``control_utils``), its observables (``utils/observables.py`` and ``_update_observables``), and the rest
+(our adapter, robosuite's env loop, numpy glue). Prints a markdown table (profiled ms per part, plain ms per step,
+the speed-up over robosuite's loop) and the floor: plain time / profiled physics, the most a backend that keeps
+the physics could save. Profiling inflates the Python parts, not MuJoCo's, so the shares are approximate.
 """
 
 from __future__ import annotations
@@ -38,45 +40,62 @@ def part_of(key: tuple) -> str:
     return "the rest (adapter, env loop, numpy)"
 
 
+WAYS = {"robosuite's loop": dict(direct_step=False, fast_substeps=False),
+        "split substeps": dict(direct_step=False, fast_substeps=True),
+        "direct step (default)": dict(direct_step=True)}
+REST = "the rest (adapter, env loop, numpy)"
+
+
+def measure(args, options: dict, actions: np.ndarray) -> tuple[float, dict[str, float], np.ndarray]:
+    """(plain CPU s per step, profiled CPU s per part per step, the final MuJoCo state) of one way of stepping."""
+    from vla_rl.envs.libero.robosuite_env import LiberoConfig, LiberoSingleEnv
+
+    env = LiberoSingleEnv(LiberoConfig(suite=args.suite, task_ids=[args.task], cameras=(),
+                                       max_episode_steps=len(actions) + 1, **options))
+    plain = []
+    try:
+        for _ in range(args.repeats):
+            env.reset_to(args.task, 0)
+            t0 = time.process_time()
+            for a in actions:
+                env.step(a)
+            plain.append((time.process_time() - t0) / len(actions))
+        data = env.sim_env.sim.data
+        final = np.concatenate([data.qpos, data.qvel])
+        env.reset_to(args.task, 0)
+        prof = cProfile.Profile()
+        prof.enable()
+        for a in actions:
+            env.step(a)
+        prof.disable()
+    finally:
+        env.close()
+    parts: dict[str, float] = {}
+    for key, (_, _, tottime, _, _) in pstats.Stats(prof).stats.items():
+        parts[part_of(key)] = parts.get(part_of(key), 0.0) + tottime / len(actions)
+    return min(plain), parts, final
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--suite", default="libero_spatial")
     p.add_argument("--task", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
-    from vla_rl.envs.libero.robosuite_env import LiberoConfig, LiberoSingleEnv
-
-    env = LiberoSingleEnv(LiberoConfig(suite=args.suite, task_ids=[args.task], cameras=(),
-                                       max_episode_steps=2 * args.steps + 16))
-    rng = np.random.default_rng(0)
-    actions = rng.uniform(-0.3, 0.3, (2 * args.steps + 8, 7)).astype(np.float32)
-    try:
-        env.reset_to(args.task, 0)
-        for a in actions[:8]:
-            env.step(a)
-        t0 = time.process_time()
-        for a in actions[8:8 + args.steps]:
-            env.step(a)
-        plain = (time.process_time() - t0) / args.steps
-        prof = cProfile.Profile()
-        prof.enable()
-        for a in actions[8 + args.steps:]:
-            env.step(a)
-        prof.disable()
-    finally:
-        env.close()
-    totals: dict[str, float] = {}
-    for key, (_, _, tottime, _, _) in pstats.Stats(prof).stats.items():
-        totals[part_of(key)] = totals.get(part_of(key), 0.0) + tottime
-    total = sum(totals.values())
-    physics = totals.get(next(iter(PARTS)), 0.0)
-    print("| part | CPU ms per env-step (profiled) | share |\n|---|---|---|")
-    for part in [*PARTS, "the rest (adapter, env loop, numpy)"]:
-        ms = 1000 * totals.get(part, 0.0) / args.steps
-        print(f"| {part} | {ms:.2f} | {100 * totals.get(part, 0.0) / total:.0f} % |")
-    print(f"| all (profiled) | {1000 * total / args.steps:.2f} | |")
-    print(f"\nunprofiled: {1000 * plain:.2f} CPU ms per env-step; physics floor {1000 * physics / args.steps:.2f} ms: "
-          f"a backend with the same physics saves at most {plain / (physics / args.steps):.2f}x")
+    actions = np.random.default_rng(0).uniform(-0.3, 0.3, (args.steps, 7)).astype(np.float32)
+    results = {way: measure(args, options, actions) for way, options in WAYS.items()}
+    names = [*PARTS, REST]
+    print("| way | " + " | ".join(names) + " | CPU ms per env-step (plain) | speed-up | same final state |")
+    print("|---" * (len(names) + 4) + "|")
+    base_ms, _, base_final = results["robosuite's loop"]
+    for way, (plain, parts, final) in results.items():
+        cells = " | ".join(f"{1000 * parts.get(n, 0.0):.2f}" for n in names)
+        same = np.array_equal(final, base_final)
+        print(f"| {way} | {cells} | {1000 * plain:.2f} | {base_ms / plain:.2f}x | {same} |")
+    physics = results["robosuite's loop"][1][next(iter(PARTS))]
+    print(f"\nphysics floor {1000 * physics:.2f} ms a step: a backend with the same physics is at most "
+          f"{base_ms / physics:.2f}x cheaper than robosuite's loop")
 
 
 if __name__ == "__main__":

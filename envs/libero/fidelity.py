@@ -20,6 +20,7 @@ tolerances) and ``benchmarks/bench_libero_warp.py`` (which reports them):
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -54,10 +55,13 @@ def record_controller(single):
         records.append(rec)
 
     robot.control = control
+    # The direct step (envs.libero.direct) computes the same control without calling robot.control: record on
+    # robosuite's own substep loop while active (the same trajectory, bit for bit).
+    cfg, single.cfg = single.cfg, replace(single.cfg, direct_step=False)
     try:
         yield records
     finally:
-        robot.control = original
+        robot.control, single.cfg = original, cfg
 
 
 def warp_torques(worlds, records: list[dict]) -> tuple[np.ndarray, np.ndarray]:

@@ -43,6 +43,7 @@ import numpy as np
 from vla_rl.core.paths import cache_dir
 from vla_rl.core.ranges import check_ranges, nonneg, ranged
 from vla_rl.envs.base import DELTA_POSE_ACTIONS, EnvSpec, SimulatorUnavailable
+from vla_rl.envs.libero.direct import DirectStep
 from vla_rl.envs.libero.reward import Shaping
 from vla_rl.envs.libero.substeps import SplitSubsteps
 
@@ -71,6 +72,10 @@ Camera = Literal["agentview", "wrist"]
 
 class LiberoNotInstalled(SimulatorUnavailable):
     """LIBERO (or its config / assets) is missing."""
+
+
+class NoStablePlacement(RuntimeError):
+    """``init_states="sampled"``: LIBERO's samplers gave no placement of a task's objects that settles."""
 
 
 def setup_libero_env_vars() -> Path:
@@ -194,6 +199,10 @@ class LiberoConfig:
     # the same trajectories bit for bit (tested), ~1.5x fewer CPU seconds a state-only step. False: robosuite's
     # own substep loop.
     fast_substeps: bool = True
+    # Each action stepped on the MuJoCo model directly (envs.libero.direct): robosuite's controller maths and
+    # observation clock, none of its per-substep bookkeeping; the same trajectories and observations bit for bit
+    # (tested), fewer CPU seconds a step (benchmarks/bench_libero_floor.py). Takes precedence over fast_substeps.
+    direct_step: bool = True
 
     def __post_init__(self):
         check_ranges(self)
@@ -213,6 +222,22 @@ def episode_of(index: int, task_ids: Sequence[int], init_state_ids: Sequence[int
     around): the order the official protocol runs, each task's init states in turn."""
     k = index % (len(task_ids) * len(init_state_ids))
     return int(task_ids[k // len(init_state_ids)]), int(init_state_ids[k % len(init_state_ids)])
+
+
+def built_fixture_poses(inner) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Body id -> (position, quaternion) of each fixture's root body (cabinet, stove, ...) in the model as LIBERO
+    built it, before any reset moved it: the attributes of its ``<body>`` in the generated MJCF (absent: the
+    origin, no rotation)."""
+    import re
+
+    xml, out = inner.model.get_xml(), {}
+    for fixture in inner.fixtures_dict.values():
+        tag = re.search(rf'<body\b[^>]*\bname="{re.escape(fixture.root_body)}"[^>]*>', xml)
+        attrs = dict(re.findall(r'(\w+)="([^"]*)"', tag.group(0))) if tag else {}
+        pos = np.array([float(v) for v in attrs.get("pos", "0 0 0").split()])
+        quat = np.array([float(v) for v in attrs.get("quat", "1 0 0 0").split()])
+        out[inner.sim.model.body_name2id(fixture.root_body)] = (pos, quat)
+    return out
 
 
 class LiberoSingleEnv:
@@ -253,6 +278,7 @@ class LiberoSingleEnv:
         self.instruction = ""
         self._objects: list[tuple[str, int]] = []   # ("body" | "site", id) of the objects of interest in the state
         self._shaping = None                 # envs.libero.reward.Shaping of the episode (reward="shaped")
+        self._direct: DirectStep | None = None   # bound to one MjSim: rebuilt when a reset makes a new one
 
     # ------------------------------------------------------------------------------------------------
     @property
@@ -388,7 +414,13 @@ class LiberoSingleEnv:
         inner = env.env
         bodies = [inner.obj_body_id[n] for n in inner.objects_dict]
         data = inner.sim.data
+        as_built = built_fixture_poses(inner)
         for attempt in range(SAMPLED_ATTEMPTS):
+            # LIBERO places an object inside a site (a drawer) at its container's sampled pose plus the site's
+            # world position, which is the site's offset only while the container sits where the model was built
+            # (the origin): true on a freshly built model, not after a soft reset. Put the fixtures back there.
+            for body, (pos, quat) in as_built.items():
+                inner.sim.model.body_pos[body], inner.sim.model.body_quat[body] = pos, quat
             self._seeded_reset(env, f"{self.cfg.suite}/{task_id}/sampled/{number}/{attempt}")
             pos = np.array([data.body_xpos[b][:2] for b in bodies])
             up = np.array([np.asarray(data.body_xmat[b]).reshape(3, 3)[:, 2] for b in bodies])
@@ -399,11 +431,16 @@ class LiberoSingleEnv:
             tilt = np.arccos(np.clip((up * up_now).sum(1), -1.0, 1.0))
             if (shift < SAMPLED_MAX_SHIFT).all() and (tilt < SAMPLED_MAX_TILT).all():
                 return
-        raise RuntimeError(f"{self.cfg.suite} task {task_id}: no stable placement in {SAMPLED_ATTEMPTS} draws of "
-                           f"placement {number}")
+        raise NoStablePlacement(f"{self.cfg.suite} task {task_id}: no stable placement in {SAMPLED_ATTEMPTS} draws "
+                                f"of placement {number}; init_states=fixed plays the task's shipped ones")
 
     def _physics_step(self, env, action: np.ndarray):
-        """``env.step(action)`` (LIBERO's env wrapper), its substeps split when ``fast_substeps``."""
+        """``env.step(action)`` (LIBERO's env wrapper), or the same step computed directly (``direct_step``), or
+        with its substeps split (``fast_substeps``)."""
+        if self.cfg.direct_step:
+            if self._direct is None or self._direct.env is not env or self._direct.sim is not env.env.sim:
+                self._direct = DirectStep(env)
+            return self._direct.step(action)
         if not self.cfg.fast_substeps:
             return env.step(action)
         with SplitSubsteps(env.sim):
@@ -491,7 +528,7 @@ class LiberoSingleEnv:
         for env in self._envs.values():
             env.close()
         self._envs.clear()
-        self._env, self._raw, self._done = None, None, True
+        self._env, self._raw, self._done, self._direct = None, None, True, None
 
 
 # What LIBERO's observations and actions mean (the adapters' docstrings, in data form), the same on either backend.

@@ -42,7 +42,7 @@ from vla_rl.core.threads import policy_threads, threads_setting, torch_threads
 from vla_rl.data.dataset import DemoDataset
 from vla_rl.data.lerobot import write_lerobot_dataset
 from vla_rl.envs.libero.expert import ExpertConfig, LiberoExpert, Push, UnsupportedGoal, plan_goal, read_scene
-from vla_rl.envs.libero.robosuite_env import NUM_FIXED_INIT_STATES, LiberoConfig, LiberoSingleEnv
+from vla_rl.envs.libero.robosuite_env import NUM_FIXED_INIT_STATES, LiberoConfig, LiberoSingleEnv, NoStablePlacement
 from vla_rl.envs.registry import LIBERO
 
 # Our LeRobot writer's names -> the LIBERO layout's.
@@ -204,8 +204,14 @@ def record_libero_episodes(cfg: LiberoRecordConfig, *, progress: bool = True, lo
                     break
                 rep.tried.append(init_id)
                 if cfg.policy == "expert":
-                    frames, success, why = run_expert_episode(env, task_id, init_id, seed=cfg.seed + init_id,
-                                                              jitter=cfg.jitter)
+                    try:
+                        frames, success, why = run_expert_episode(env, task_id, init_id, seed=cfg.seed + init_id,
+                                                                  jitter=cfg.jitter)
+                    except NoStablePlacement as e:
+                        # LIBERO's sampler fails the task's placements, not this one: once a task, like a goal.
+                        rep.failed[init_id] = rep.unsupported = f"no sampled placements ({e})"
+                        log(f"task {task_id}: {e}; its other placements are not tried")
+                        break
                     if not success and why.startswith(UNSUPPORTED):
                         # The goal is the task's, the same from every init state: say so once and move on.
                         rep.failed[init_id] = rep.unsupported = why

@@ -143,7 +143,8 @@ VIEW_FIELDS = frozenset({"options.obs_mode", "options.image_size", "options.rend
 # Fields that change how an episode is computed, not what it is: LIBERO's model cache, its soft reset and its
 # substep loop, each checked to give the same episodes bit for bit. Noted. A file written before a field existed
 # lacks it (None).
-COMPUTE_FIELDS = frozenset({"options.max_cached_envs", "options.soft_reset", "options.fast_substeps"})
+COMPUTE_FIELDS = frozenset({"options.max_cached_envs", "options.soft_reset", "options.fast_substeps",
+                            "options.direct_step"})
 # Reward fields: the same episodes, the same success, other returns; noted, and refused for --metric return.
 REWARD_FIELDS = frozenset({"options.reward", "builtin.reward", "builtin.success_bonus", "builtin.progress_scale"})
 
