@@ -317,12 +317,12 @@ def test_a_goal_the_expert_cannot_plan_is_tried_once_per_task(capsys):
 def test_sampled_placements_put_objects_inside_their_drawer(monkeypatch):
     """LIBERO-Spatial task 4 starts a bowl in the cabinet's top drawer: LIBERO's in-site sampler adds the drawer's
     world position to the cabinet's, right on a freshly built model only; after a soft reset the adapter restores
-    the built fixture poses, so every draw starts the bowl in the drawer, not a metre above it. A task whose draws
-    never settle is reported once by the recording, which goes on to the next task."""
+    the built fixture poses, so every draw starts the bowl in the drawer, not a metre above it. Task 5's bowl on a
+    ramekin settles too. A task whose draws never settle is reported once by the recording."""
     from vla_rl.data import libero_demos
     from vla_rl.envs.libero.robosuite_env import LiberoConfig, LiberoSingleEnv, NoStablePlacement
 
-    env = LiberoSingleEnv(LiberoConfig(suite="libero_spatial", task_ids=[4], cameras=(), init_states="sampled",
+    env = LiberoSingleEnv(LiberoConfig(suite="libero_spatial", task_ids=[4, 5], cameras=(), init_states="sampled",
                                        max_cached_envs=1))
     try:
         for k in (0, 1):   # the second draw comes after a soft reset
@@ -331,6 +331,12 @@ def test_sampled_placements_put_objects_inside_their_drawer(monkeypatch):
             bowl = sim.sim.data.body_xpos[sim.obj_body_id["akita_black_bowl_1"]]
             drawer = sim.sim.data.site_xpos[sim.sim.model.site_name2id("wooden_cabinet_1_top_region")]
             assert np.linalg.norm(bowl[:2] - drawer[:2]) < 0.08 and abs(bowl[2] - drawer[2]) < 0.08
+        # Task 5 drops its bowl onto the ramekin from ~14 cm, where it slides a few cm: accepted, and it rests there.
+        env.reset_to(5, 0)
+        sim = env.sim_env
+        bowl, ramekin = (sim.sim.data.body_xpos[sim.obj_body_id[n]] for n in ("akita_black_bowl_1",
+                                                                               "glazed_rim_porcelain_ramekin_1"))
+        assert np.linalg.norm(bowl[:2] - ramekin[:2]) < 0.06 and bowl[2] > ramekin[2] + 0.03
     finally:
         env.close()
 
