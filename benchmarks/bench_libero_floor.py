@@ -6,7 +6,8 @@ substeps) is the floor any backend with robosuite-LIBERO's exact trajectories st
     python benchmarks/bench_libero_floor.py [--steps 200] [--suite libero_spatial] [--task 0] [--repeats 3]
 
 For each way, one ``LiberoSingleEnv`` (state only) takes the same ``--steps`` random actions from init state 0,
-timed plain (CPU seconds, the best of ``--repeats`` runs), then once more under ``cProfile``, whose functions' own
+timed plain (CPU seconds; the ways take turns, the best of ``--repeats`` runs counts), then once more under
+``cProfile``, whose functions' own
 time is summed into: MuJoCo's physics, robosuite's arm and gripper controllers (``robosuite/controllers``,
 ``robots``, ``control_utils``), its observables (``utils/observables.py`` and ``_update_observables``), and the rest
 (our adapter, robosuite's env loop, numpy glue). Prints a markdown table (profiled ms per part, plain ms per step,
@@ -46,34 +47,46 @@ WAYS = {"robosuite's loop": dict(direct_step=False, fast_substeps=False),
 REST = "the rest (adapter, env loop, numpy)"
 
 
-def measure(args, options: dict, actions: np.ndarray) -> tuple[float, dict[str, float], np.ndarray]:
-    """(plain CPU s per step, profiled CPU s per part per step, the final MuJoCo state) of one way of stepping."""
+def play(env, task: int, actions: np.ndarray) -> float:
+    """CPU seconds per step of one episode of ``actions`` from init state 0."""
+    env.reset_to(task, 0)
+    t0 = time.process_time()
+    for a in actions:
+        env.step(a)
+    return (time.process_time() - t0) / len(actions)
+
+
+def measure(args, actions: np.ndarray) -> dict[str, tuple[float, dict[str, float], np.ndarray]]:
+    """Per way: (plain CPU s per step, profiled CPU s per part per step, the final MuJoCo state). The ways take
+    turns, repeat by repeat, so a change in the machine's load reaches all of them; the best repeat counts."""
     from vla_rl.envs.libero.robosuite_env import LiberoConfig, LiberoSingleEnv
 
-    env = LiberoSingleEnv(LiberoConfig(suite=args.suite, task_ids=[args.task], cameras=(),
-                                       max_episode_steps=len(actions) + 1, **options))
-    plain = []
+    envs = {way: LiberoSingleEnv(LiberoConfig(suite=args.suite, task_ids=[args.task], cameras=(),
+                                              max_episode_steps=len(actions) + 1, **options))
+            for way, options in WAYS.items()}
+    plain: dict[str, list[float]] = {way: [] for way in WAYS}
+    out = {}
     try:
         for _ in range(args.repeats):
+            for way, env in envs.items():
+                plain[way].append(play(env, args.task, actions))
+        for way, env in envs.items():
+            data = env.sim_env.sim.data
+            final = np.concatenate([data.qpos, data.qvel])
             env.reset_to(args.task, 0)
-            t0 = time.process_time()
+            prof = cProfile.Profile()
+            prof.enable()
             for a in actions:
                 env.step(a)
-            plain.append((time.process_time() - t0) / len(actions))
-        data = env.sim_env.sim.data
-        final = np.concatenate([data.qpos, data.qvel])
-        env.reset_to(args.task, 0)
-        prof = cProfile.Profile()
-        prof.enable()
-        for a in actions:
-            env.step(a)
-        prof.disable()
+            prof.disable()
+            parts: dict[str, float] = {}
+            for key, (_, _, tottime, _, _) in pstats.Stats(prof).stats.items():
+                parts[part_of(key)] = parts.get(part_of(key), 0.0) + tottime / len(actions)
+            out[way] = (min(plain[way]), parts, final)
     finally:
-        env.close()
-    parts: dict[str, float] = {}
-    for key, (_, _, tottime, _, _) in pstats.Stats(prof).stats.items():
-        parts[part_of(key)] = parts.get(part_of(key), 0.0) + tottime / len(actions)
-    return min(plain), parts, final
+        for env in envs.values():
+            env.close()
+    return out
 
 
 def main() -> None:
@@ -84,7 +97,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
     actions = np.random.default_rng(0).uniform(-0.3, 0.3, (args.steps, 7)).astype(np.float32)
-    results = {way: measure(args, options, actions) for way, options in WAYS.items()}
+    results = measure(args, actions)
     names = [*PARTS, REST]
     print("| way | " + " | ".join(names) + " | CPU ms per env-step (plain) | speed-up | same final state |")
     print("|---" * (len(names) + 4) + "|")

@@ -80,9 +80,11 @@ class DirectStep:
         m, d = self.sim.model._model, self.sim.data._data
         self.model, self.data = m, d
         self.site = self.sim.model.site_name2id(ctrl.eef_name)
-        self.qpos_index, self.qvel_index = list(ctrl.qpos_index), list(ctrl.qvel_index)
-        self.arm_actuators = list(robot._ref_joint_actuator_indexes)
-        self.grip_actuators = [self.sim.model.actuator_name2id(a) for a in robot.gripper.actuators]
+        # Index arrays, not lists: numpy converts a list on every use; the results (values and memory layout, which
+        # numba's compiled maths is specialised on) are the same.
+        self.qpos_index, self.qvel_index = np.array(ctrl.qpos_index), np.array(ctrl.qvel_index)
+        self.arm_actuators = np.array(robot._ref_joint_actuator_indexes)
+        self.grip_actuators = np.array([self.sim.model.actuator_name2id(a) for a in robot.gripper.actuators])
         rng = self.sim.model.actuator_ctrlrange[self.grip_actuators]
         self.grip_bias, self.grip_weight = 0.5 * (rng[:, 1] + rng[:, 0]), 0.5 * (rng[:, 1] - rng[:, 0])
         self.arm_dim = ctrl.control_dim
@@ -120,7 +122,7 @@ class DirectStep:
         # on: the same expressions as update's, not views of one block, keep its results bit for bit.
         c.J_pos = np.array(self.jacp[:, self.qvel_index])
         c.J_ori = np.array(self.jacr[:, self.qvel_index])
-        c.J_full = np.array(np.vstack([c.J_pos, c.J_ori]))
+        c.J_full = np.concatenate([c.J_pos, c.J_ori])     # np.vstack's result, C-ordered
         self._mj.mj_fullM(self.model, self.mass, d.qM)
         c.mass_matrix = self.mass[self.qvel_index, :][:, self.qvel_index]
         c.new_update = False
@@ -148,8 +150,10 @@ class DirectStep:
         if policy_step:
             self.ctrl.set_goal(action[:self.arm_dim])
             self._grip_delta = self.grip_direction * self.gripper.speed * np.sign(action[self.arm_dim:])
-        self.robot.torques = np.clip(self._torques(), self.torque_low, self.torque_high)
-        self.gripper.current_action = np.clip(self.gripper.current_action + self._grip_delta, -1.0, 1.0)
+        # np.clip's values (no arithmetic), without its Python wrapper.
+        self.robot.torques = np.minimum(np.maximum(self._torques(), self.torque_low), self.torque_high)
+        self.gripper.current_action = np.minimum(np.maximum(self.gripper.current_action + self._grip_delta, -1.0),
+                                                 1.0)
         d = self.data
         d.ctrl[self.grip_actuators] = self.grip_bias + self.grip_weight * self.gripper.current_action
         d.ctrl[self.arm_actuators] = self.robot.torques
