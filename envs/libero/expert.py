@@ -24,7 +24,7 @@ direction the fingers move along (the grip site's x axis).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -314,11 +314,14 @@ def pose_action(eef_pos: np.ndarray, eef_mat: np.ndarray, target_pos: np.ndarray
 # ---------------------------------------------------------------------------------------------- goals
 @dataclass(frozen=True)
 class PickPlace:
-    """Pick ``obj`` up and put it ``relation`` (``on`` / ``in``) ``target`` (an object or a region)."""
+    """Pick ``obj`` up and put it ``relation`` (``on`` / ``in``) ``target`` (an object or a region). ``slot`` =
+    (k, n): the k-th of n objects the plan puts on one region, set down apart in it, not on each other
+    (LIBERO-10's "put both moka pots on the stove", "both ... in the basket")."""
 
     obj: str
     target: str
     relation: str = "on"
+    slot: tuple[int, int] = (0, 1)
 
 
 @dataclass(frozen=True)
@@ -395,10 +398,25 @@ def plan_goal(goal: list, scene: Scene) -> list[Primitive]:
             # drawer starts 1.4 cm short: a bowl then lands on its front wall)
             if name == "in" and drawer is not None and drawer.room > 0.005 and OpenDrawer(target) not in out:
                 out.append(OpenDrawer(target))
-            out.append((Push if pushable(scene.bodies[obj]) else PickPlace)(obj, target, name))
+            out.append(Push(obj, target, name) if pushable(scene.bodies[obj]) else PickPlace(obj, target, name))
         else:
             raise UnsupportedGoal(f"no primitive for the goal predicate {pred}")
-    return out + closes
+    return spread(out) + closes
+
+
+def spread(plan: list[Primitive]) -> list[Primitive]:
+    """The plan with each target that several pick-and-places share given out as slots (:func:`place_xy` spreads
+    them over a region; on an object they stay where they were)."""
+    shared: dict[str, list[int]] = {}
+    for i, p in enumerate(plan):
+        if isinstance(p, PickPlace):
+            shared.setdefault(p.target, []).append(i)
+    out = list(plan)
+    for idx in shared.values():
+        if len(idx) > 1:
+            for k, i in enumerate(idx):
+                out[i] = replace(plan[i], slot=(k, len(idx)))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- grasps
@@ -443,6 +461,8 @@ def grasp_pose(body: Body, eef_pos: np.ndarray, eef_yaw: float, scene: Scene | N
     the hand run into no other geom of ``scene`` (a bowl in a drawer is taken from the open side), there and, given
     ``place`` (the xy the object goes to and the surface it is set on), where it is set down (a bowl put on a plate
     beside the cabinet is held on the side away from the cabinet's handles)."""
+    if name.startswith("moka_pot"):
+        return handle_grasp(body, eef_yaw)
     _, horiz = upright_axes(body)
     widths = 2.0 * body.local_half[horiz]
     height = float(body.hi[2] - body.lo[2])
@@ -472,6 +492,20 @@ def grasp_pose(body: Body, eef_pos: np.ndarray, eef_yaw: float, scene: Scene | N
     return pos, nearest_yaw(yaw, eef_yaw)
 
 
+# LIBERO's moka pot, in its body frame: a 6.8 x 7 x 13.4 cm column (its top 6.7 cm above the body origin), a lid
+# knob on top, and a handle loop on +y whose outer bar stands at y = 7.2 cm from z = 0 to 5.6 cm. Across the column
+# the fingers have 3 mm to spare and a pinch below the top leaves the pads a centimetre of it; the handle's bar is
+# 1.4 cm across, with room on both sides.
+MOKA_HANDLE = np.array([0.0, 0.072, 0.045])   # pinch point: the bar's top, the hand clear of the loop above it
+
+
+def handle_grasp(body: Body, eef_yaw: float) -> tuple[np.ndarray, float]:
+    """Grasp a moka pot by its handle's outer bar from above, closing across the bar (the body's x axis)."""
+    pos = body.pos + body.mat @ MOKA_HANDLE
+    yaw = math.atan2(body.mat[1, 0], body.mat[0, 0])
+    return pos, nearest_yaw(yaw, eef_yaw)
+
+
 def support_height(scene: Scene, target: str, relation: str) -> tuple[np.ndarray, float]:
     """(xy the object's body must reach, height of the surface it is put down on) for ``target``."""
     if target in scene.sites:
@@ -484,11 +518,19 @@ def support_height(scene: Scene, target: str, relation: str) -> tuple[np.ndarray
     return body.pos[:2].copy(), float(body.hi[2])
 
 
-def place_xy(scene: Scene, target: str, relation: str, body: Body) -> tuple[np.ndarray, float]:
+def place_xy(scene: Scene, target: str, relation: str, body: Body,
+             slot: tuple[int, int] = (0, 1)) -> tuple[np.ndarray, float]:
     """:func:`support_height` for putting ``body`` down, moved out from under the cabinet for an open drawer's
     region while the object is as high as the cabinet's other handles: its far side passes them in front (a bowl
-    lowered at the region's centre hit the handle of the drawer above), then goes in under them."""
+    lowered at the region's centre hit the handle of the drawer above), then goes in under them. A region shared
+    by ``slot[1]`` objects is given out along its diagonal, within 40 % of its half-sizes of the centre (``slot[0]``
+    this one's place): two cans 6.3 cm across fit LIBERO-10's basket (12 cm inside) only corner to corner."""
     xy, support = support_height(scene, target, relation)
+    k, n = slot
+    if n > 1 and target in scene.sites:
+        site = scene.sites[target]
+        half = np.abs(site.mat @ site.size)[:2]
+        xy = xy + half * 0.8 * (k / (n - 1) - 0.5)
     drawer = scene.drawers.get(target)
     if drawer is None:
         return xy, support
@@ -628,7 +670,7 @@ class LiberoExpert:
                 mem["yaw"] = None
             if "rim" not in mem:     # choose the grasp once, from the scene before any motion
                 mem["rim"] = grasp_pose(body, scene.eef_pos, yaw_now, scene, p.obj,
-                                        place=place_xy(scene, p.target, p.relation, body))
+                                        place=place_xy(scene, p.target, p.relation, body, p.slot))
             grasp, yaw = self._grasp(scene, body, mem)
             mem["yaw"] = yaw
             above = grasp + mem["offset"] + [0.0, 0.0, mem["hover"]]
@@ -655,7 +697,7 @@ class LiberoExpert:
             return self._move(scene, mem["grasp_target"], mem["yaw"], CLOSE)
         if self.phase == "lift":
             if "carry_z" not in mem:
-                xy, _ = place_xy(scene, p.target, p.relation, body)
+                xy, _ = place_xy(scene, p.target, p.relation, body, p.slot)
                 top = corridor_top(scene, body.pos, np.r_[xy, 0.0], 0.5 * float(body.hi[0] - body.lo[0]) + 0.02,
                                    {p.obj})
                 target_top = scene.bodies[p.target].hi[2] if p.target in scene.bodies else \
@@ -676,7 +718,7 @@ class LiberoExpert:
                 self._start("carry")
                 mem["carry_z"] = mem["carry_z"]
             return self._move(scene, target, mem["yaw"], CLOSE)
-        xy, support = place_xy(scene, p.target, p.relation, body)
+        xy, support = place_xy(scene, p.target, p.relation, body, p.slot)
         shift = xy - body.pos[:2]                          # move the object's body, not the gripper, over xy
         if self.phase == "carry":
             target = np.r_[scene.eef_pos[:2] + shift, mem["carry_z"]]
@@ -768,7 +810,7 @@ class LiberoExpert:
         # the grip site sits ~1 cm behind the fingertips along the hand's axis
         front = center - c * (drawer.handle_depth + 0.03)
         if "mat" not in mem:   # once a primitive: the slide does not turn
-            mem["mat"] = self._slide_pose(c)
+            mem["mat"] = self._slide_pose(c, scene.eef_mat)
         mat = mem["mat"]
 
         def move(pos, max_speed=None):
@@ -800,10 +842,14 @@ class LiberoExpert:
             return move(target)
         raise AssertionError(self.phase)
 
-    def _slide_pose(self, c: np.ndarray) -> np.ndarray:
+    def _slide_pose(self, c: np.ndarray, eef_mat: np.ndarray) -> np.ndarray:
         """Grip-site orientation with the fingers (grip z) along the slide direction ``c``, pitched down by
-        ``close_pitch``, closing axis level and across the slide."""
+        ``close_pitch``, closing axis level and across the slide, on the side of the current closing axis
+        ``eef_mat[:, 0]`` (the closed fingers are symmetric under a half turn: the other side was a half turn of a
+        wrist already near its joint limit, which the arm never finished)."""
         across = np.array([-c[1], c[0], 0.0]) / max(float(np.linalg.norm(c[:2])), 1e-9)
+        if float(across @ eef_mat[:, 0]) < 0.0:
+            across = -across
         a = self.cfg.close_pitch
         z = math.cos(a) * c + math.sin(a) * np.array([0.0, 0.0, -1.0])
         z /= np.linalg.norm(z)
@@ -818,7 +864,7 @@ class LiberoExpert:
         # the middle of the ~2 cm gap behind the bar
         hook = drawer.handle_center + c * (drawer.handle_depth + 0.0105)
         if "mat" not in mem:   # once a primitive: the slide does not turn
-            mem["mat"] = self._slide_pose(c)
+            mem["mat"] = self._slide_pose(c, scene.eef_mat)
         mat = mem["mat"]
 
         def move(pos, max_speed=None):
