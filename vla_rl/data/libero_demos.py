@@ -42,7 +42,13 @@ from vla_rl.core.threads import policy_threads, threads_setting, torch_threads
 from vla_rl.data.dataset import DemoDataset
 from vla_rl.data.lerobot import write_lerobot_dataset
 from vla_rl.envs.libero.expert import ExpertConfig, LiberoExpert, Push, UnsupportedGoal, plan_goal, read_scene
-from vla_rl.envs.libero.robosuite_env import NUM_FIXED_INIT_STATES, LiberoConfig, LiberoSingleEnv, NoStablePlacement
+from vla_rl.envs.libero.robosuite_env import (
+    NUM_FIXED_INIT_STATES,
+    SUITE_NUM_TASKS,
+    LiberoConfig,
+    LiberoSingleEnv,
+    NoStablePlacement,
+)
 from vla_rl.envs.registry import LIBERO
 
 # Our LeRobot writer's names -> the LIBERO layout's.
@@ -56,7 +62,7 @@ class LiberoRecordConfig:
     """``vla-rl collect libero OUT`` settings."""
 
     suite: str = "libero_spatial"
-    task_ids: list[int] = field(default_factory=lambda: [0])
+    task_ids: list[int] | None = None       # None: every task of the suite
     # random: episodes per task (init states 0, 1, ...); expert: successful episodes wanted per task
     episodes_per_task: int = ranged(2, 1)
     policy: Literal["random", "expert"] = "random"
@@ -87,7 +93,12 @@ class LiberoRecordConfig:
             raise ValueError("the random policy records the fixed init states (init_states=fixed)")
         # the recording's env takes its suite and task ids: a name or id that does not exist is refused here, before
         # any simulator starts (not as a crashed worker)
-        LiberoConfig(**{k: v for k, v in self.env_config().items() if k in ("suite", "task_ids", "cameras")})
+        LiberoConfig(suite=self.suite, task_ids=self.task_ids, cameras=tuple(self.cameras))
+
+    @property
+    def ids(self) -> list[int]:
+        """The task ids recorded: ``task_ids``, or every task of the suite."""
+        return list(range(SUITE_NUM_TASKS.get(self.suite, 0))) if self.task_ids is None else list(self.task_ids)
 
     @property
     def tries(self) -> int:
@@ -103,7 +114,7 @@ class LiberoRecordConfig:
 
     def env_config(self) -> dict:
         """The LiberoConfig fields of the recording's env (info.json's ``env_config``)."""
-        return {"suite": self.suite, "task_ids": list(self.task_ids), "image_size": self.image_size,
+        return {"suite": self.suite, "task_ids": self.ids, "image_size": self.image_size,
                 "cameras": list(self.cameras), "max_episode_steps": self.episode_steps,
                 "image_orientation": self.image_orientation, "init_states": self.init_states,
                 "state_mode": self.state_mode, "state_objects": self.state_objects, "reflections": self.reflections}
@@ -181,7 +192,7 @@ def record_libero_episodes(cfg: LiberoRecordConfig, *, progress: bool = True, lo
     """Run the policy on init states 0, 1, ... of each task (random: ``episodes_per_task`` of them; expert: until
     ``episodes_per_task`` succeeded or ``cfg.tries`` were tried); every frame is the observation before an
     action and that action. ``report`` (a list) receives one :meth:`TaskReport.to_dict` per task."""
-    env = LiberoSingleEnv(LiberoConfig(suite=cfg.suite, task_ids=list(cfg.task_ids), image_size=cfg.image_size,
+    env = LiberoSingleEnv(LiberoConfig(suite=cfg.suite, task_ids=cfg.ids, image_size=cfg.image_size,
                                        cameras=tuple(cfg.cameras), max_episode_steps=cfg.episode_steps,
                                        image_orientation=cfg.image_orientation, init_states=cfg.init_states,
                                        state_mode=cfg.state_mode, state_objects=cfg.state_objects,
@@ -194,9 +205,9 @@ def record_libero_episodes(cfg: LiberoRecordConfig, *, progress: bool = True, lo
     episode = 0
     start = time.perf_counter()
     try:
-        bar = progress_bar(total=len(cfg.task_ids) * cfg.episodes_per_task, desc=f"LIBERO {cfg.policy} episodes",
+        bar = progress_bar(total=len(cfg.ids) * cfg.episodes_per_task, desc=f"LIBERO {cfg.policy} episodes",
                            unit="episodes", enabled=progress)
-        for task_id in cfg.task_ids:
+        for task_id in cfg.ids:
             rep = TaskReport(task_id, env.instruction_of(task_id))
             reports.append(rep)
             for init_id in range(cfg.tries):

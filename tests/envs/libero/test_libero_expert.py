@@ -330,6 +330,15 @@ def test_a_region_of_interest_is_in_the_state_by_its_site():
         env.close()
 
 
+def test_a_recording_takes_every_task_of_its_suite_by_default():
+    from vla_rl.data.libero_demos import LiberoRecordConfig
+
+    assert LiberoRecordConfig(suite="libero_10").env_config()["task_ids"] == list(range(10))
+    assert LiberoRecordConfig(suite="libero_10", task_ids=[9]).ids == [9]
+    with pytest.raises(ValueError, match="out of range"):
+        LiberoRecordConfig(suite="libero_goal", task_ids=[10])
+
+
 @needs_libero
 def test_a_goal_the_expert_cannot_plan_is_tried_once_per_task(capsys):
     """LIBERO-10 task 9 ("... in the microwave and close it": a hinged door) has no primitive: the recording says
