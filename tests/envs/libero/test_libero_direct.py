@@ -5,8 +5,9 @@ own loop (``direct_step=False, fast_substeps=False``), its substeps split (envs/
 The default suite plays a whole expert episode from a sampled placement (its settling steps, grasp contacts) all
 three ways, random actions from an official init state with a drawer twice in a row (a reset makes a new
 controller; an episode's first goal comes from the pose before the init state was loaded), and a short episode
-with both cameras (images sampled on robosuite's observation clock). The slow test runs random actions on every
-task of the four suites. Each compares every observation, reward, success flag and the final MuJoCo state exactly.
+with both cameras (images sampled on robosuite's observation clock). The slow test runs random actions and the
+expert's whole episode on every task of the four suites. Each compares every observation (and reward and success
+flag where it plays random actions) and the final MuJoCo state exactly.
 """
 
 from types import SimpleNamespace
@@ -116,10 +117,32 @@ def test_direct_step_refuses_what_it_does_not_reproduce():
         _refuse_unsupported(inner, robot, ctrl, mujoco)
 
 
+def expert_episode(suite: str, task: int, way: str):
+    """(frames, success, final state) of the expert's episode from fixed init state 0 (frames empty: no plan)."""
+    from vla_rl.data.libero_demos import run_expert_episode
+    from vla_rl.envs.libero.robosuite_env import LiberoConfig, LiberoSingleEnv
+
+    env = LiberoSingleEnv(LiberoConfig(suite=suite, task_ids=[task], cameras=(), max_cached_envs=1,
+                                       state_mode="robot+objects", **WAYS[way]))
+    try:
+        frames, success, _ = run_expert_episode(env, task, 0, seed=0)
+        return frames, success, final_state(env)
+    finally:
+        env.close()
+
+
 @pytest.mark.slow
 @needs_libero
 @pytest.mark.parametrize("suite", ["libero_spatial", "libero_object", "libero_goal", "libero_10"])
 def test_direct_step_equals_robosuite_on_every_task(suite):
+    """Every task of the suite: 60 random actions, and the expert's whole episode from init state 0 (where it has a
+    plan), both ways, equal throughout."""
     for task in range(10):
         assert_same(random_episodes(suite, task, "robosuite", steps=60)[0],
                     random_episodes(suite, task, "direct", steps=60)[0])
+        (loop, ok_loop, end_loop), (direct, ok_direct, end_direct) = (expert_episode(suite, task, w)
+                                                                      for w in ("robosuite", "direct"))
+        assert ok_loop == ok_direct and len(loop) == len(direct), (suite, task)
+        for (o1, a1), (o2, a2) in zip(loop, direct):
+            assert np.array_equal(o1["state"], o2["state"]) and np.array_equal(a1, a2), (suite, task)
+        assert np.array_equal(end_loop, end_direct), (suite, task)
