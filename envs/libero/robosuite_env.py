@@ -65,9 +65,10 @@ SAMPLED_IDS = range(1_000_000, 2**31)
 # A sampled placement is dropped from above the table: extra settle steps (not counted), and a draw whose objects
 # moved or tipped while settling (an overlap thrown apart) is redrawn.
 SAMPLED_SETTLE_STEPS, SAMPLED_ATTEMPTS, SAMPLED_MAX_SHIFT, SAMPLED_MAX_TILT = 20, 50, 0.02, 0.35
-# LIBERO starts an object it places on another (a bowl on a ramekin) ~14 cm above it: one that fell more than
-# SAMPLED_DROP while settling may slide up to SAMPLED_MAX_SHIFT_DROPPED on its support (the shipped states have such
-# bowls off-centre too).
+# LIBERO starts an object it places on another (a bowl on a ramekin) ~14 cm above it: when no draw of a placement
+# passes, the first in which every object that fell more than SAMPLED_DROP while settling slid at most
+# SAMPLED_MAX_SHIFT_DROPPED on its support (the shipped states have such bowls off-centre too) is taken. Only then:
+# a placement some draw passes strictly is the same as it always was.
 SAMPLED_DROP, SAMPLED_MAX_SHIFT_DROPPED = 0.05, 0.05
 
 Suite = Literal["libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90"]
@@ -419,7 +420,12 @@ class LiberoSingleEnv:
         bodies = [inner.obj_body_id[n] for n in inner.objects_dict]
         data = inner.sim.data
         as_built = built_fixture_poses(inner)
-        for attempt in range(SAMPLED_ATTEMPTS):
+        fallback = None
+        for attempt in [*range(SAMPLED_ATTEMPTS), None]:
+            if attempt is None:              # no draw passed strictly: redo the first that passed the drop rule
+                if fallback is None:
+                    break
+                attempt = fallback
             # LIBERO places an object inside a site (a drawer) at its container's sampled pose plus the site's
             # world position, which is the site's offset only while the container sits where the model was built
             # (the origin): true on a freshly built model, not after a soft reset. Put the fixtures back there.
@@ -432,11 +438,14 @@ class LiberoSingleEnv:
                 self._physics_step(env, NOOP)
             now = np.array([data.body_xpos[b] for b in bodies])
             shift = np.linalg.norm(now[:, :2] - pos[:, :2], axis=1)
-            limit = np.where(pos[:, 2] - now[:, 2] > SAMPLED_DROP, SAMPLED_MAX_SHIFT_DROPPED, SAMPLED_MAX_SHIFT)
             up_now = np.array([np.asarray(data.body_xmat[b]).reshape(3, 3)[:, 2] for b in bodies])
-            tilt = np.arccos(np.clip((up * up_now).sum(1), -1.0, 1.0))
-            if (shift < limit).all() and (tilt < SAMPLED_MAX_TILT).all():
+            upright = (np.arccos(np.clip((up * up_now).sum(1), -1.0, 1.0)) < SAMPLED_MAX_TILT).all()
+            if (upright and (shift < SAMPLED_MAX_SHIFT).all()) or attempt == fallback:
                 return
+            dropped = pos[:, 2] - now[:, 2] > SAMPLED_DROP
+            if fallback is None and upright and (shift < np.where(dropped, SAMPLED_MAX_SHIFT_DROPPED,
+                                                                 SAMPLED_MAX_SHIFT)).all():
+                fallback = attempt
         raise NoStablePlacement(f"{self.cfg.suite} task {task_id}: no stable placement in {SAMPLED_ATTEMPTS} draws "
                                 f"of placement {number}; init_states=fixed plays the task's shipped ones")
 
