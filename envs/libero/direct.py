@@ -11,8 +11,9 @@ the adapter reads, in the same order and with the same arithmetic:
 
 - per substep ``mj_step1`` (kinematics, mass matrix, bias forces: everything a controller reads), then the
   controller's state filled from those arrays exactly as its ``update`` fills it (same indices, same ``np.dot``),
-  then robosuite's own ``set_goal`` / ``run_controller`` (so the OSC maths, numba-compiled in robosuite, is robosuite's
-  by construction), the torque clip and the gripper's ``format_action`` into ``ctrl``, then ``mj_step2``;
+  then robosuite's own ``set_goal`` on the first substep and ``run_controller``'s operations in its order (calling
+  robosuite's own numba-compiled ``opspace_matrices`` / ``nullspace_torques`` / ``orientation_error``), the torque
+  clip and the Panda gripper's ``format_action`` into ``ctrl``, then ``mj_step2``;
 - per substep the observables the adapter reads (end-effector pose, gripper joints, enabled cameras), through
   robosuite's own ``Observable.update``: robosuite samples observations on its own clock, which drifts against the
   action period in float arithmetic (an observation is a few substeps old), and the same clock keeps them equal;
@@ -20,9 +21,9 @@ the adapter reads, in the same order and with the same arithmetic:
   ``_check_success``.
 
 Checked, not assumed: tests/envs/libero/test_libero_direct.py plays expert and random-action episodes both ways and
-compares every observation, reward, success flag and the final MuJoCo state exactly. Unsupported controller
-settings (an interpolator, position or orientation limits, variable impedance, the RK4 integrator) are refused by
-name; LIBERO's tasks use none of them.
+compares every observation, reward, success flag and the final MuJoCo state exactly. Unsupported settings (another
+controller or gripper, an interpolator, position or orientation limits, variable impedance, the RK4 integrator) are
+refused by name; LIBERO's tasks use none of them.
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ def _refuse_unsupported(inner, robot, ctrl, mujoco) -> None:
             why.append("position / orientation limits")
         if not ctrl.use_delta or not ctrl.use_ori:
             why.append("absolute or position-only control")
-    if not robot.has_gripper:
-        why.append("no gripper")
+    if not robot.has_gripper or type(robot.gripper).__name__ != "PandaGripper":
+        why.append(f"gripper {type(robot.gripper).__name__ if robot.has_gripper else None}")
     if inner.sim.model._model.opt.integrator == mujoco.mjtIntegrator.mjINT_RK4:
         why.append("the RK4 integrator (mj_step2 does not implement it)")
     if why:

@@ -415,37 +415,42 @@ class LiberoSingleEnv:
         LIBERO's samplers keep objects apart by a radius only, so some draws overlap and the physics throws an
         object aside or tips it over as it settles (LIBERO's shipped init states have no such cases). A draw
         in which any object moved more than SAMPLED_MAX_SHIFT in the table plane, or tilted more than
-        SAMPLED_MAX_TILT, while settling is replaced by the next draw of the same number."""
+        SAMPLED_MAX_TILT, while settling is replaced by the next draw of the same number; when none of them passes,
+        the first within the drop rule (SAMPLED_DROP) is drawn again and taken."""
         inner = env.env
         bodies = [inner.obj_body_id[n] for n in inner.objects_dict]
         data = inner.sim.data
         as_built = built_fixture_poses(inner)
-        fallback = None
-        for attempt in [*range(SAMPLED_ATTEMPTS), None]:
-            if attempt is None:              # no draw passed strictly: redo the first that passed the drop rule
-                if fallback is None:
-                    break
-                attempt = fallback
+
+        def draw(attempt: int) -> tuple[bool, np.ndarray, np.ndarray]:
+            """Draw ``attempt`` of this placement and let it settle: (every object upright, each one's shift in the
+            table plane, which fell more than SAMPLED_DROP)."""
             # LIBERO places an object inside a site (a drawer) at its container's sampled pose plus the site's
             # world position, which is the site's offset only while the container sits where the model was built
             # (the origin): true on a freshly built model, not after a soft reset. Put the fixtures back there.
             for body, (pos, quat) in as_built.items():
                 inner.sim.model.body_pos[body], inner.sim.model.body_quat[body] = pos, quat
             self._seeded_reset(env, f"{self.cfg.suite}/{task_id}/sampled/{number}/{attempt}")
-            pos = np.array([data.body_xpos[b] for b in bodies])
+            before = np.array([data.body_xpos[b] for b in bodies])
             up = np.array([np.asarray(data.body_xmat[b]).reshape(3, 3)[:, 2] for b in bodies])
             for _ in range(SAMPLED_SETTLE_STEPS + self.cfg.num_settle_steps):
                 self._physics_step(env, NOOP)
             now = np.array([data.body_xpos[b] for b in bodies])
-            shift = np.linalg.norm(now[:, :2] - pos[:, :2], axis=1)
             up_now = np.array([np.asarray(data.body_xmat[b]).reshape(3, 3)[:, 2] for b in bodies])
-            upright = (np.arccos(np.clip((up * up_now).sum(1), -1.0, 1.0)) < SAMPLED_MAX_TILT).all()
-            if (upright and (shift < SAMPLED_MAX_SHIFT).all()) or attempt == fallback:
+            upright = bool((np.arccos(np.clip((up * up_now).sum(1), -1.0, 1.0)) < SAMPLED_MAX_TILT).all())
+            return upright, np.linalg.norm(now[:, :2] - before[:, :2], axis=1), before[:, 2] - now[:, 2] > SAMPLED_DROP
+
+        fallback = None    # the first draw within the drop rule, taken only when no draw passes strictly
+        for attempt in range(SAMPLED_ATTEMPTS):
+            upright, shift, dropped = draw(attempt)
+            if upright and (shift < SAMPLED_MAX_SHIFT).all():
                 return
-            dropped = pos[:, 2] - now[:, 2] > SAMPLED_DROP
             if fallback is None and upright and (shift < np.where(dropped, SAMPLED_MAX_SHIFT_DROPPED,
                                                                  SAMPLED_MAX_SHIFT)).all():
                 fallback = attempt
+        if fallback is not None:
+            draw(fallback)
+            return
         raise NoStablePlacement(f"{self.cfg.suite} task {task_id}: no stable placement in {SAMPLED_ATTEMPTS} draws "
                                 f"of placement {number}; init_states=fixed plays the task's shipped ones")
 

@@ -115,6 +115,9 @@ def test_direct_step_refuses_what_it_does_not_reproduce():
     inner = SimpleNamespace(robots=[robot], sim=SimpleNamespace(model=SimpleNamespace(_model=model)))
     with pytest.raises(DirectStepUnsupported, match="interpolator.*RK4.*direct_step=false"):
         _refuse_unsupported(inner, robot, ctrl, mujoco)
+    other = SimpleNamespace(has_gripper=True, gripper=type("Robotiq85Gripper", (), {})())
+    with pytest.raises(DirectStepUnsupported, match="gripper Robotiq85Gripper"):
+        _refuse_unsupported(SimpleNamespace(robots=[other], sim=inner.sim), other, ctrl, mujoco)
 
 
 def expert_episode(suite: str, task: int, way: str):
