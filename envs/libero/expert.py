@@ -518,19 +518,27 @@ def support_height(scene: Scene, target: str, relation: str) -> tuple[np.ndarray
     return body.pos[:2].copy(), float(body.hi[2])
 
 
-def place_xy(scene: Scene, target: str, relation: str, body: Body,
-             slot: tuple[int, int] = (0, 1)) -> tuple[np.ndarray, float]:
-    """:func:`support_height` for putting ``body`` down, moved out from under the cabinet for an open drawer's
-    region while the object is as high as the cabinet's other handles: its far side passes them in front (a bowl
-    lowered at the region's centre hit the handle of the drawer above), then goes in under them. A region shared
-    by ``slot[1]`` objects is given out along its diagonal, within 40 % of its half-sizes of the centre (``slot[0]``
-    this one's place): two cans 6.3 cm across fit LIBERO-10's basket (12 cm inside) only corner to corner."""
+def slot_xy(scene: Scene, target: str, relation: str, slot: tuple[int, int] = (0, 1)) -> tuple[np.ndarray, float]:
+    """:func:`support_height` at ``slot`` (this one's place ``slot[0]`` of ``slot[1]`` objects sharing the region):
+    spread along the region's diagonal within 40 % of its half-sizes of the centre; an object target, or a
+    region that is not shared, keeps its centre."""
     xy, support = support_height(scene, target, relation)
     k, n = slot
     if n > 1 and target in scene.sites:
         site = scene.sites[target]
         half = np.abs(site.mat @ site.size)[:2]
         xy = xy + half * 0.8 * (k / (n - 1) - 0.5)
+    return xy, support
+
+
+def place_xy(scene: Scene, target: str, relation: str, body: Body,
+             slot: tuple[int, int] = (0, 1)) -> tuple[np.ndarray, float]:
+    """:func:`slot_xy` for putting ``body`` down, moved out from under the cabinet for an open drawer's
+    region while the object is as high as the cabinet's other handles: its far side passes them in front (a bowl
+    lowered at the region's centre hit the handle of the drawer above), then goes in under them. A shared region
+    is given out along its diagonal: two cans 6.3 cm across fit LIBERO-10's basket (12 cm inside) only corner to
+    corner."""
+    xy, support = slot_xy(scene, target, relation, slot)
     drawer = scene.drawers.get(target)
     if drawer is None:
         return xy, support

@@ -8,9 +8,9 @@ over the target) earns more than reaching that state once. Success stays LIBERO'
 For one pick-and-place primitive (object O, target T), as ManiSkill's dense pick rewards are built:
 ``phi = (reach + held + held * over) / 3``, with ``reach = 1 - tanh(10 d)`` (d: grip site to O's collision
 box), ``held`` = 1 while the fingers are closed on O (opening above 2 mm and below O's width, the grip site
-within 1 cm of O's box), ``over = 1 - tanh(5 d_xy)`` (d_xy: O's body to T's centre in the table plane); a pushed
-object (never held) ``phi = (reach + 2 over) / 3``; and
-``phi = 1`` once O rests at T (d_xy < 3 cm, O's bottom within 3 cm of T's surface), so letting go there costs
+within 1 cm of O's box), ``over = 1 - tanh(5 d_xy)`` (d_xy: O's body to its place in the table plane: T's centre, or
+its slot of a region several objects share, as the expert sets them down); a pushed object (never held)
+``phi = (reach + 2 over) / 3``; and ``phi = 1`` once O rests at T (:func:`placed`), so letting go there costs
 nothing. Several primitives (LIBERO-Long): ``(primitives done + phi of the next one) / their number``.
 """
 
@@ -27,6 +27,7 @@ from vla_rl.envs.libero.expert import (
     Scene,
     plan_goal,
     read_scene,
+    slot_xy,
     support_height,
     upright_axes,
 )
@@ -37,10 +38,18 @@ def box_distance(point: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> float:
     return float(np.linalg.norm(np.maximum(0.0, np.maximum(lo - point, point - hi))))
 
 
-def placed(scene: Scene, p: PickPlace) -> bool:
+def placed(scene: Scene, p: PickPlace | Push) -> bool:
+    """O rests at T: its bottom within 3 cm of T's surface and its body within 3 cm of T's centre or, for a
+    region, inside the region's box in the table plane (where LIBERO's ``In`` looks), so an object set down at its
+    slot of a shared region counts."""
     body = scene.bodies[p.obj]
     xy, support = support_height(scene, p.target, p.relation)
-    return float(np.linalg.norm(body.pos[:2] - xy)) < 0.03 and body.lo[2] < support + 0.03
+    if body.lo[2] >= support + 0.03:
+        return False
+    if float(np.linalg.norm(body.pos[:2] - xy)) < 0.03:
+        return True
+    site = scene.sites.get(p.target)
+    return site is not None and bool(np.all(np.abs((site.mat.T @ (body.pos - site.pos))[:2]) <= site.size[:2]))
 
 
 def held(scene: Scene, obj: str) -> bool:
@@ -58,7 +67,7 @@ def pick_place_progress(scene: Scene, p: PickPlace) -> float:
     reach = 1.0 - math.tanh(10.0 * box_distance(scene.eef_pos, body.lo, body.hi))
     if not held(scene, p.obj):
         return reach / 3.0
-    xy, _ = support_height(scene, p.target, p.relation)
+    xy, _ = slot_xy(scene, p.target, p.relation, p.slot)
     over = 1.0 - math.tanh(5.0 * float(np.linalg.norm(body.pos[:2] - xy)))
     return (reach + 1.0 + over) / 3.0
 

@@ -32,7 +32,7 @@ from vla_rl.envs.libero.expert import (
     rot_z,
     rotation_log,
 )
-from vla_rl.envs.libero.reward import box_distance, held, progress
+from vla_rl.envs.libero.reward import box_distance, held, placed, progress
 
 needs_libero = pytest.mark.skipif(SKIP, reason="VLA_RL_SKIP_SIMULATORS=1")
 
@@ -172,6 +172,21 @@ def test_progress_potential_rises_through_the_stages():
     assert math.isclose(holding, (1 + 1 + 1 - math.tanh(1.5)) / 3)
     assert not held(scene(eef=(0, 0, 0.05), opening=0.0, can=can), "can")      # closed on nothing
     assert box_distance(np.array([0.0, 0.0, 0.5]), np.zeros(3), np.ones(3) * 0.1) == pytest.approx(0.4)
+
+
+def test_progress_of_objects_sharing_a_region_aims_at_their_slots():
+    """Set down at its slot of a shared region (4-5 cm from the centre), the first object counts as placed (inside
+    the region's box, where LIBERO's In looks; outside it, it does not), and the second one's potential points at
+    its own slot, not at the centre where the first one lies."""
+    p = [PickPlace("can", "bin_region", "in", (0, 2)), PickPlace("cup", "bin_region", "in", (1, 2))]
+    cup_high = box([0.32, 0.02, 0.2], [0.03, 0.03, 0.03])
+    in_corner = box([0.34, 0.03, 0.03], [0.03, 0.03, 0.03])
+    assert placed(scene(can=in_corner, cup=cup_high), p[0])
+    assert not placed(scene(can=box([0.36, 0.0, 0.03], [0.03, 0.03, 0.03]), cup=cup_high), p[0])
+    at_slot = progress(scene(eef=(0.32, 0.02, 0.22), opening=0.06, can=in_corner, cup=cup_high), p)
+    at_centre = progress(scene(eef=(0.3, 0.0, 0.22), opening=0.06, can=in_corner,
+                               cup=box([0.3, 0.0, 0.2], [0.03, 0.03, 0.03])), p)
+    assert math.isclose(at_slot, (1 + (1 + 1 + 1) / 3) / 2) and at_centre < at_slot
 
 
 def test_expert_gives_up_after_its_retries():
