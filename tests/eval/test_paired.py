@@ -153,6 +153,24 @@ def test_how_a_libero_episode_is_computed_or_rendered_does_not_unpair_it(policy,
         compare(load_side([tmp_path / "old.json"]), load_side([tmp_path / "longer.json"]))
 
 
+def test_image_settings_of_a_state_only_env_are_not_noted(policy, tmp_path):
+    # A state policy's SFT config and its RL preset may carry different image defaults; without a camera on
+    # either side no frame reaches the policy, so only the fields that could matter are noted.
+    a = tmp_path / "a.json"
+    evaluate_checkpoint(policy, {**EVAL, "out": str(a)})
+    doc = json.loads(a.read_text())
+    base = {"suite": "libero_spatial", "task_ids": [0], "cameras": [], "image_size": 256,
+            "image_orientation": "rot180"}
+    sides = {"sft": base, "rl": {**base, "image_size": 128, "image_orientation": "upright", "direct_step": True},
+             "cam": {**base, "cameras": ["agentview"]},
+             "cam_rl": {**base, "cameras": ["agentview"], "image_size": 128}}
+    for name, options in sides.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps({**doc, "env": {"kind": "libero", "options": options}}))
+    side = lambda name: load_side([tmp_path / f"{name}.json"])  # noqa: E731
+    assert compare(side("sft"), side("rl")).env_notes == ("options.direct_step: None vs True",)
+    assert compare(side("cam"), side("cam_rl")).env_notes == ("options.image_size: 256 vs 128",)
+
+
 def test_a_failed_write_leaves_the_earlier_file_whole(policy, tmp_path, monkeypatch):
     import vla_rl.eval.evaluate as ev
 
