@@ -137,13 +137,11 @@ def paired_difference(base: list[float], new: list[float], metric: str = "succes
 
 # Env fields that change neither an episode's initial state nor whether it succeeds: what the policy is
 # shown (a state policy and an image policy can be compared on the same seeds). Differences here are noted.
-VIEW_FIELDS = frozenset({"options.obs_mode", "options.image_size", "options.render_size", "options.instruction",
-                         "options.cameras", "options.image_orientation", "options.reflections",
-                         "builtin.image_size"})
-# What a camera's frames look like: without a camera on either side these do not reach the policy, so their
-# differences are not worth a note (a state policy's SFT and RL configs may carry different image defaults).
+# Of these, what a camera's frames look like: without a camera on either side they do not reach the policy, so
+# their differences are not worth a note (a state policy's SFT and RL configs may carry different image defaults).
 IMAGE_FIELDS = frozenset({"options.image_size", "options.render_size", "options.image_orientation",
                           "options.reflections"})
+VIEW_FIELDS = IMAGE_FIELDS | {"options.obs_mode", "options.instruction", "options.cameras", "builtin.image_size"}
 # Fields that change how an episode is computed, not what it is: LIBERO's model cache, its soft reset and its
 # substep loop, each checked to give the same episodes bit for bit. Noted. A file written before a field existed
 # lacks it (None).
@@ -190,7 +188,7 @@ def compare(base: EpisodeSet, new: EpisodeSet, metric: str = "success_once") -> 
     keys = sorted(base.episodes)
     r = paired_difference([base.episodes[k][metric] for k in keys], [new.episodes[k][metric] for k in keys],
                           metric)
-    no_cameras = _flat(base.env).get("options.cameras") == [] == _flat(new.env).get("options.cameras")
+    no_cameras = base.env.get("options", {}).get("cameras") == [] == new.env.get("options", {}).get("cameras")
     notes = tuple(f"{k}: {a!r} vs {b!r}" for k, (a, b) in diffs.items()
                   if not (no_cameras and k in IMAGE_FIELDS))
     return replace(r, env_notes=notes)
